@@ -1,0 +1,170 @@
+"""The one batch structure that flows through every stage, and its pad/split helpers.
+
+Layout: one row per sample, `prompt + completion` token ids, right-padded to a common
+length L. Every per-token field is `[N, L]` and aligned to the token it describes: the
+value at `[i, t]` is about token `input_ids[i, t]` (for log-probs: log p(token t | tokens
+< t)). `loss_mask` is 1 exactly on the tokens the policy is trained on (completion
+tokens the model generated), 0 on prompt, padding and environment/tool tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterator, Sequence
+
+import torch
+
+_TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages", "old_logprobs",
+                 "ref_logprobs", "values", "returns", "token_rewards")
+_SAMPLE_FIELDS = ("prompt_lens", "seq_lens", "group_ids", "rewards", "truncated", "policy_version")
+
+
+@dataclass
+class Batch:
+    """Samples of one step. Optional fields are filled by the stage that needs them."""
+
+    input_ids: torch.Tensor  # [N, L] long, right-padded with pad_id
+    attention_mask: torch.Tensor  # [N, L] bool, True on real tokens
+    loss_mask: torch.Tensor  # [N, L] float, 1 on trained tokens
+    prompt_lens: torch.Tensor  # [N] long
+    seq_lens: torch.Tensor  # [N] long, prompt + completion length
+    group_ids: torch.Tensor  # [N] long, which prompt a sample came from
+    sampler_logprobs: torch.Tensor  # [N, L] float, the engine's log-prob of each generated token
+    truncated: torch.Tensor  # [N] bool, completion hit max_new_tokens
+    policy_version: torch.Tensor  # [N] long, weights version that sampled it
+    rewards: torch.Tensor | None = None  # [N] combined reward
+    reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
+    advantages: torch.Tensor | None = None  # [N, L]
+    old_logprobs: torch.Tensor | None = None  # [N, L], learner log-probs before the update
+    ref_logprobs: torch.Tensor | None = None  # [N, L], frozen reference
+    values: torch.Tensor | None = None  # [N, L], critic values
+    returns: torch.Tensor | None = None  # [N, L], critic targets
+    token_rewards: torch.Tensor | None = None  # [N, L], per-token rewards (KL in reward, shaping)
+    meta: list[dict[str, Any]] = field(default_factory=list)  # per-sample: answer, task fields, text
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def completion_lens(self) -> torch.Tensor:
+        return self.seq_lens - self.prompt_lens
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_ids.unique().numel())
+
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
+        """The samples at `index` (in that order), trimmed to their longest row."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        width = int(self.seq_lens[idx].max().item()) if idx.numel() else 0
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _TOKEN_FIELDS and v is not None:
+                out[f.name] = v[idx, :width]
+            elif f.name in _SAMPLE_FIELDS and v is not None:
+                out[f.name] = v[idx]
+            elif f.name == "reward_components":
+                out[f.name] = {k: t[idx] for k, t in v.items()}
+            elif f.name == "meta":
+                out[f.name] = [v[i] for i in idx.tolist()] if v else []
+        return replace(self, **out)
+
+    def micro_batches(self, max_tokens: int) -> Iterator["Batch"]:
+        """Split into micro-batches whose padded size (rows x longest row) stays within
+        `max_tokens`. Rows are sorted by length first so little compute goes to padding."""
+        order = torch.argsort(self.seq_lens, descending=True, stable=True).tolist()
+        start = 0
+        while start < len(order):
+            longest = int(self.seq_lens[order[start]])
+            rows = max(1, max_tokens // max(longest, 1))
+            chunk = order[start:start + rows]
+            yield self.select(chunk)
+            start += len(chunk)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v.to(device)
+            elif f.name == "reward_components":
+                out[f.name] = {k: t.to(device) for k, t in v.items()}
+        return replace(self, **out)
+
+
+def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
+    """Join batches (e.g. from several rollout rounds of dynamic sampling); group ids are kept."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.input_ids.shape[1] for b in batches)
+    out: dict[str, Any] = {}
+    for f in fields(Batch):
+        vals = [getattr(b, f.name) for b in batches]
+        if f.name in _TOKEN_FIELDS:
+            if any(v is None for v in vals):
+                out[f.name] = None
+                continue
+            fill = pad_id if f.name == "input_ids" else 0
+            out[f.name] = torch.cat([_pad_right(v, width, fill) for v in vals])
+        elif f.name in _SAMPLE_FIELDS:
+            out[f.name] = None if any(v is None for v in vals) else torch.cat(vals)
+        elif f.name == "reward_components":
+            keys = vals[0].keys()
+            out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in keys}
+        elif f.name == "meta":
+            out[f.name] = [m for v in vals for m in v]
+    return Batch(**out)
+
+
+def _pad_right(t: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
+    if t.shape[1] == width:
+        return t
+    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+    return torch.cat([t, pad], dim=1)
+
+
+def build_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    completion_logprobs: Sequence[Sequence[float]],
+    group_ids: Sequence[int],
+    truncated: Sequence[bool],
+    pad_id: int,
+    policy_version: int = 0,
+    meta: Sequence[dict[str, Any]] | None = None,
+    completion_loss_masks: Sequence[Sequence[int]] | None = None,
+) -> Batch:
+    """Pad per-sample token lists into a Batch. `completion_loss_masks` (optional) marks
+    completion tokens not to train on, e.g. tool output in a multi-turn rollout."""
+    n = len(prompt_ids)
+    lens = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    width = max(lens) if lens else 0
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.bool)
+    loss = torch.zeros((n, width), dtype=torch.float32)
+    lps = torch.zeros((n, width), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        lp, lc = len(p), len(c)
+        ids[i, :lp] = torch.as_tensor(list(p), dtype=torch.long)
+        if lc:
+            ids[i, lp:lp + lc] = torch.as_tensor(list(c), dtype=torch.long)
+            lps[i, lp:lp + lc] = torch.as_tensor(list(completion_logprobs[i]), dtype=torch.float32)
+            m = completion_loss_masks[i] if completion_loss_masks is not None else [1] * lc
+            loss[i, lp:lp + lc] = torch.as_tensor(list(m), dtype=torch.float32)
+        attn[i, :lp + lc] = True
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        loss_mask=loss,
+        prompt_lens=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+        seq_lens=torch.tensor(lens, dtype=torch.long),
+        group_ids=torch.as_tensor(list(group_ids), dtype=torch.long),
+        sampler_logprobs=lps,
+        truncated=torch.as_tensor(list(truncated), dtype=torch.bool),
+        policy_version=torch.full((n,), policy_version, dtype=torch.long),
+        meta=list(meta) if meta is not None else [{} for _ in range(n)],
+    )

@@ -1,0 +1,18 @@
+"""User-facing errors: one clear line, no traceback."""
+from __future__ import annotations
+
+
+class UpslopeError(Exception):
+    """A mistake in the user's input (file, option, data). The CLI prints it as one line."""
+
+
+class ConfigError(UpslopeError):
+    """A config key or value is wrong."""
+
+
+class DataError(UpslopeError):
+    """A data file is malformed or misses a field."""
+
+
+class ModelError(UpslopeError):
+    """A model or tokenizer cannot be resolved or loaded."""
