@@ -1,0 +1,63 @@
+"""Hypothesis strategies and builders for the algorithm tests: small random Batches."""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from upslope.batch import Batch, build_batch
+
+REWARD = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(-3, 3, allow_nan=False, width=32))
+
+
+def make_batch(groups: list[list[float]], comp_lens: list[int], prompt_lens: list[int] | None = None,
+               loss_masks: list[list[int]] | None = None, truncated: list[bool] | None = None) -> Batch:
+    """A Batch with one row per reward; rows grouped as in `groups` (list of per-group rewards)."""
+    rewards = [r for g in groups for r in g]
+    gids = [i for i, g in enumerate(groups) for _ in g]
+    n = len(rewards)
+    prompt_lens = prompt_lens or [2] * n
+    batch = build_batch(
+        prompt_ids=[[7] * p for p in prompt_lens],
+        completion_ids=[[5] * c for c in comp_lens],
+        completion_logprobs=[[-0.5] * c for c in comp_lens],
+        group_ids=gids,
+        truncated=truncated or [False] * n,
+        pad_id=0,
+        completion_loss_masks=loss_masks,
+    )
+    batch.rewards = torch.tensor(rewards, dtype=torch.float32)
+    return batch
+
+
+@st.composite
+def batches(draw, full_mask: bool = False, max_groups: int = 4, max_group: int = 5, max_len: int = 6) -> Batch:
+    """Random grouped batch; with full_mask every row has >= 1 completion token, all trained."""
+    groups = draw(st.lists(st.lists(REWARD, min_size=1, max_size=max_group), min_size=1, max_size=max_groups))
+    n = sum(len(g) for g in groups)
+    lo = 1 if full_mask else 0
+    comp = draw(st.lists(st.integers(lo, max_len), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    masks = None
+    if not full_mask:
+        masks = [draw(st.lists(st.sampled_from([0, 1, 1]), min_size=c, max_size=c)) for c in comp]
+    trunc = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return make_batch(groups, comp, prompts, masks, trunc)
+
+
+def sample_values(adv: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The per-sample advantage from a [N, L] broadcast one (first completion token of each row)."""
+    return adv[torch.arange(batch.size), batch.prompt_lens]
+
+
+@st.composite
+def token_tensors(draw, max_rows: int = 4, max_len: int = 6):
+    """(logprobs, old_logprobs, advantages, mask) [N, L] with bounded log-ratios."""
+    n = draw(st.integers(1, max_rows))
+    L = draw(st.integers(1, max_len))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(n, L, generator=g, dtype=torch.float64) * 3
+    old = lp + (torch.rand(n, L, generator=g, dtype=torch.float64) - 0.5) * 1.6
+    adv = torch.randn(n, L, generator=g, dtype=torch.float64)
+    mask = (torch.rand(n, L, generator=g) < 0.75).to(torch.float64)
+    return lp, old, adv, mask

@@ -1,0 +1,33 @@
+"""Reward combiners: `fn(components {name: [N]}, group_ids [N], *, weights) -> rewards [N]`."""
+import torch
+from torch import Tensor
+
+from upslope.algos.common import group_normalize
+from upslope.errors import ConfigError
+from upslope.registry import REWARD_COMBINERS
+
+
+def _weights(components: dict[str, Tensor], weights: dict[str, float] | None) -> dict[str, float]:
+    """Weight per component: 1.0 unless given; a weight naming no component is an error (typo guard)."""
+    if not components:
+        raise ConfigError("reward combiner: no reward components to combine")
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(components))
+    if unknown:
+        raise ConfigError(f"reward weights name unknown components {unknown}; known: {sorted(components)}")
+    return {name: float(weights.get(name, 1.0)) for name in components}
+
+
+@REWARD_COMBINERS.register("weighted_sum")
+def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None) -> Tensor:
+    """sum_k w_k * r_k (unlisted components weigh 1): the plain multi-reward combination."""
+    w = _weights(components, weights)
+    return sum(w[k] * components[k].to(torch.float32) for k in components)
+
+
+@REWARD_COMBINERS.register("group_normalized_sum")
+def group_normalized_sum(components: dict[str, Tensor], group_ids: Tensor, *,
+                         weights: dict[str, float] | None = None, eps: float = 1e-6) -> Tensor:
+    """GDPO-style: sum_k w_k * (r_k - group mean) / (group sample std + eps), so no component dominates by scale."""
+    w = _weights(components, weights)
+    return sum(w[k] * group_normalize(components[k].to(torch.float32), group_ids, eps=eps) for k in components)
