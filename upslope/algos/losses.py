@@ -1,0 +1,104 @@
+"""Policy losses: `fn(logprobs, old_logprobs, advantages, mask, *, options) -> (loss [N, L], metrics)`.
+
+The per-token loss is to be *minimised*, is exactly 0 where mask is 0 (padding can hold
+any finite or infinite log-prob without leaking into value or gradient), and is reduced
+to a scalar by `upslope.algos.aggregate.aggregate`. Metrics are detached scalar tensors.
+Log-ratios are clamped to +-20 before exp so a stray token cannot overflow to inf.
+"""
+import torch
+from torch import Tensor
+
+from upslope.algos.common import masked_mean
+from upslope.errors import ConfigError
+from upslope.registry import POLICY_LOSSES
+
+_MAX_LOG_RATIO = 20.0
+
+
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """logprobs - old_logprobs (old is detached) on mask > 0, 0 elsewhere, clamped to +-20."""
+    lr = torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    return lr.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+
+
+def _zero_off(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask > 0, x, torch.zeros_like(x))
+
+
+def _metric(x: Tensor, mask: Tensor) -> Tensor:
+    return masked_mean(x.detach().to(torch.float32), mask)
+
+
+def _check_eps(eps_low: float, eps_high: float) -> None:
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ConfigError(f"clip range needs 0 <= eps_low < 1 and eps_high >= 0 (got {eps_low}, {eps_high})")
+
+
+def _clipped(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float,
+             dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO surrogate max(-r A, -clip(r) A) (+ dual clip) and the fractions of tokens whose clip is active."""
+    surrogate = torch.maximum(-ratio * adv, -ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    r = ratio.detach()
+    metrics = {
+        "clip_frac_low": _metric((r < 1 - eps_low) & (adv < 0), mask),
+        "clip_frac_high": _metric((r > 1 + eps_high) & (adv > 0), mask),
+        "ratio_mean": _metric(r, mask),
+    }
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ConfigError(f"dual_clip must be > 1 (got {dual_clip})")
+        bound = -dual_clip * adv
+        metrics["clip_frac_dual"] = _metric((adv < 0) & (surrogate.detach() > bound), mask)
+        surrogate = torch.where(adv < 0, torch.minimum(surrogate, bound), surrogate)
+    return _zero_off(surrogate, mask), metrics
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+             eps_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO/GRPO/DAPO clipped surrogate with asymmetric clip (DAPO: eps_high 0.28) and optional dual clip c > 1."""
+    _check_eps(eps_low, eps_high)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, dual_clip)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
+         eps_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: sequence ratio exp(mean token log-ratio), clipped per sequence, token-level sg form (GSPO-token).
+
+    s_{i,t} = sg[s_i] * exp(lp_t - sg[lp_t]): its value is s_i on every token, its gradient
+    wrt lp_t is s_i. Aggregated with `seq_mean_token_mean` this is exactly GSPO's gradient.
+    """
+    _check_eps(eps_low, eps_high)
+    lr = _log_ratio(logprobs, old_logprobs, mask)
+    n = (mask > 0).sum(dim=1, keepdim=True).clamp(min=1)
+    seq_lr = lr.detach().sum(dim=1, keepdim=True) / n
+    lp = _zero_off(logprobs, mask)
+    ratio = torch.exp(seq_lr + lp - lp.detach())
+    return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, None)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_high: float = 0.28,
+          eps_low: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: -sg(clip(ratio, max=1+eps_high[, min=1-eps_low])) * A * logprob; every token keeps its gradient."""
+    _check_eps(eps_low or 0.0, eps_high)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
+    weight = ratio.clamp(min=None if eps_low is None else 1 - eps_low, max=1 + eps_high)
+    loss = -weight * _zero_off(advantages.detach(), mask) * _zero_off(logprobs, mask)
+    low = ratio < 1 - eps_low if eps_low is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    metrics = {
+        "clip_frac_low": _metric(low, mask),
+        "clip_frac_high": _metric(ratio > 1 + eps_high, mask),
+        "ratio_mean": _metric(ratio, mask),
+    }
+    return _zero_off(loss, mask), metrics
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient -A * logprob (no ratio, no clip): on-policy only."""
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
+    loss = -_zero_off(advantages.detach(), mask) * _zero_off(logprobs, mask)
+    return _zero_off(loss, mask), {"ratio_mean": _metric(ratio, mask)}
