@@ -5,6 +5,7 @@ import pytest
 import torch
 from algos_strategies import batches, make_batch, sample_values
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from upslope.algos.advantages import dr_grpo, gae, gae_advantages_and_returns, gdpo, grpo, reinforce_pp, rloo
 from upslope.algos.common import group_stats
@@ -122,10 +123,11 @@ def test_rloo_equals_naive_leave_one_out(b):
 
 
 @FAST
-@given(batches())
-def test_every_estimator_is_zero_off_the_loss_mask(b):
-    b.values = torch.randn(b.input_ids.shape)
-    b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size)}
+@given(batches(), st.integers(0, 2**31 - 1))
+def test_every_estimator_is_zero_off_the_loss_mask(b, seed):
+    g = torch.Generator().manual_seed(seed)
+    b.values = torch.randn(b.input_ids.shape, generator=g)
+    b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g)}
     for name in ADVANTAGES.names():
         adv = ADVANTAGES.bind(name)(b)
         assert adv.shape == b.input_ids.shape
@@ -134,10 +136,11 @@ def test_every_estimator_is_zero_off_the_loss_mask(b):
 
 
 @FAST
-@given(batches())
-def test_gae_with_unit_gamma_lambda_is_returns_minus_values(b):
-    b.values = torch.randn(b.input_ids.shape)
-    b.token_rewards = torch.randn(b.input_ids.shape) * b.loss_mask
+@given(batches(), st.integers(0, 2**31 - 1))
+def test_gae_with_unit_gamma_lambda_is_returns_minus_values(b, seed):
+    g = torch.Generator().manual_seed(seed)
+    b.values = torch.randn(b.input_ids.shape, generator=g)
+    b.token_rewards = torch.randn(b.input_ids.shape, generator=g) * b.loss_mask
     adv, ret = gae_advantages_and_returns(b.token_rewards, b.values, b.loss_mask, 1.0, 1.0)
     mc = torch.zeros_like(b.values)  # naive Monte-Carlo return: sum of later trained-token rewards
     for i in range(b.size):
@@ -154,21 +157,25 @@ def test_gae_with_unit_gamma_lambda_is_returns_minus_values(b):
 @given(batches())
 def test_reinforce_pp_is_whitened_over_valid_tokens(b):
     adv = reinforce_pp(b, group_baseline=True)
-    vals = adv[b.loss_mask > 0]
-    if vals.numel() > 1 and vals.abs().max() > 1e-3:
+    on = b.loss_mask > 0
+    vals = adv[on]
+    raw = (b.rewards - group_stats(b.rewards, b.group_ids)[0])[:, None].expand_as(adv)[on]
+    if vals.numel() > 1 and raw.std() > 1e-2:  # a (near-)constant input whitens to ~0 by design (eps)
         assert abs(float(vals.mean())) < 1e-4
         assert abs(float(vals.pow(2).mean().sqrt()) - 1) < 1e-3
 
 
 @FAST
-@given(batches(full_mask=True))
-def test_gdpo_normalises_each_component(b):
-    a, c = torch.randn(b.size), torch.randn(b.size)
+@given(batches(full_mask=True), st.integers(0, 2**31 - 1))
+def test_gdpo_normalises_each_component(b, seed):
+    g = torch.Generator().manual_seed(seed)
+    # small integer components: constant groups centre to exactly 0, others have std >= 0.5 >> eps
+    a, c = (torch.randint(0, 4, (b.size,), generator=g).float() for _ in range(2))
     b.reward_components = {"a": a, "c": c}
     base = gdpo(b, batch_normalize=False)
     # a positive affine change of one component changes nothing (up to eps): each is normalised in its group
     b.reward_components = {"a": a * 100 + 7, "c": c}
-    assert torch.allclose(gdpo(b, batch_normalize=False), base, atol=1e-3)
+    assert torch.allclose(gdpo(b, batch_normalize=False), base, atol=1e-4)
     # one component, no batch normalisation: exactly GRPO on that component
     b.reward_components = {"only": b.rewards}
     assert torch.allclose(gdpo(b, batch_normalize=False), grpo(b), atol=1e-6)
