@@ -1,0 +1,46 @@
+"""Data: sources (JSONL, Parquet, HF datasets), built-in tasks, samplers."""
+from __future__ import annotations
+
+from typing import Any
+
+from upslope.config import DataConfig
+from upslope.data.sources import read_records, records_to_examples
+from upslope.data.types import Example
+from upslope.errors import ConfigError, DataError
+from upslope.registry import TASKS
+
+
+def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example]:
+    """The Examples a data config names: a file/directory at `path`, else a built-in task."""
+    if cfg.path:
+        examples = records_to_examples(read_records(cfg.path, cfg.split), cfg.prompt_field, cfg.messages_field,
+                                       cfg.answer_field, cfg.template, cfg.limit)
+    else:
+        options: dict[str, Any] = dict(cfg.options)
+        entry = TASKS.get(cfg.task, "data.task")
+        if "split" in entry.options() and "split" not in options:
+            options["split"] = cfg.split or default_split
+        fn = TASKS.bind(cfg.task, options, where="data.options")
+        examples = fn()
+        if cfg.template != "{prompt}":
+            for ex in examples:
+                if isinstance(ex.prompt, str):
+                    ex.prompt = cfg.template.format(prompt=ex.prompt)
+        if cfg.limit:
+            examples = examples[: cfg.limit]
+    if not examples:
+        raise DataError(f"data: no examples loaded from {cfg.path or 'task ' + cfg.task}")
+    return examples
+
+
+def task_default_reward(cfg: DataConfig) -> tuple[str, dict[str, Any]] | None:
+    """The reward a built-in task names, when the config gives none."""
+    if cfg.path:
+        return None
+    entry = TASKS.get(cfg.task, "data.task")
+    name = entry.attrs.get("reward")
+    return (name, dict(entry.attrs.get("reward_options", {}))) if name else None
+
+
+__all__ = ["Example", "load_examples", "task_default_reward", "read_records", "records_to_examples",
+           "ConfigError", "DataError"]

@@ -1,0 +1,130 @@
+"""Rewards: the registry's built-in verifiers, user functions, and the scoring stage.
+
+Signature of a reward: `fn(completion: str, answer, meta: dict, *, options) -> float` or a
+dict of named float components. A reward registered with `batched=True` takes lists and
+returns a list (e.g. the code reward, which runs a whole batch in a sandbox pool).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from upslope.config import DataConfig, RewardSpec
+from upslope.registry import REWARDS
+from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
+from upslope.rewards.user import load_user_function
+
+for _mod in ("upslope.rewards.length", "upslope.rewards.code"):
+    try:
+        __import__(_mod)
+    except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout
+        if _exc.name != _mod:
+            raise
+
+
+@dataclass
+class RewardFn:
+    name: str
+    weight: float
+    fn: Callable[..., Any]
+    batched: bool = False
+
+
+@dataclass
+class RewardResult:
+    """Scores of one batch: per-component lists, failure counts and first error per component."""
+
+    components: dict[str, list[float]]
+    weights: dict[str, float]
+    failures: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None) -> list[RewardFn]:
+    """Bind the configured rewards (or the task's default reward when none is configured)."""
+    from upslope.data import task_default_reward
+
+    if not specs:
+        default = task_default_reward(data_cfg) if data_cfg is not None else None
+        if default is None:
+            from upslope.errors import ConfigError
+
+            raise ConfigError("reward: no reward configured and the data source names none; "
+                              "add e.g. reward: [{name: integer}] or name: mypkg.module:function")
+        specs = [RewardSpec(name=default[0], options=default[1])]
+    fns = []
+    for i, spec in enumerate(specs):
+        where = f"reward[{i}].options"
+        if ":" in spec.name:
+            fn = load_user_function(spec.name)
+            if spec.options:
+                import functools
+
+                fn = functools.partial(fn, **spec.options)
+            label, batched = spec.as_name or spec.name.rpartition(":")[2], False
+        else:
+            entry = REWARDS.get(spec.name, f"reward[{i}].name")
+            fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
+                bool(entry.attrs.get("batched"))
+        fns.append(RewardFn(label, spec.weight, fn, batched))
+    return fns
+
+
+def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: Sequence[Any],
+          metas: Sequence[dict[str, Any]], fallback: float = 0.0) -> RewardResult:
+    """Run every reward on every completion. A reward that raises or returns NaN gives the
+    sample `fallback` and is counted; the run goes on."""
+    n = len(completions)
+    comps: dict[str, list[float]] = {}
+    weights: dict[str, float] = {}
+    failures: dict[str, int] = {}
+    errors: dict[str, str] = {}
+
+    def record(name: str, weight: float, i: int, value: Any) -> None:
+        comps.setdefault(name, [fallback] * n)
+        weights[name] = weight
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = math.nan
+        if math.isnan(v):
+            failures[name] = failures.get(name, 0) + 1
+            errors.setdefault(name, f"returned {value!r}")
+            v = fallback
+        comps[name][i] = v
+
+    for rf in reward_fns:
+        if rf.batched:
+            try:
+                values = list(rf.fn(list(completions), list(answers), list(metas)))
+            except Exception as exc:
+                failures[rf.name] = failures.get(rf.name, 0) + n
+                errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
+                values = [fallback] * n
+        else:
+            values = []
+            for i in range(n):
+                try:
+                    values.append(rf.fn(completions[i], answers[i], metas[i]))
+                except Exception as exc:
+                    failures[rf.name] = failures.get(rf.name, 0) + 1
+                    errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
+                    values.append(None)
+        for i, v in enumerate(values):
+            if v is None:
+                comps.setdefault(rf.name, [fallback] * n)
+                weights[rf.name] = rf.weight
+                continue
+            if isinstance(v, dict):
+                for key, sub in v.items():
+                    record(f"{rf.name}/{key}", rf.weight, i, sub)
+            else:
+                record(rf.name, rf.weight, i, v)
+    return RewardResult(comps, weights, failures, errors)
+
+
+def combined(result: RewardResult) -> list[float]:
+    """Weighted sum of the components (the default combiner, used by evaluation)."""
+    n = len(next(iter(result.components.values()))) if result.components else 0
+    return [sum(result.weights[k] * v[i] for k, v in result.components.items()) for i in range(n)]

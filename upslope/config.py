@@ -1,0 +1,291 @@
+"""The typed config tree: YAML recipe + dotted command-line overrides, validated.
+
+Every option has a default that works and a one-line description (`upslope config
+options` lists them). Unknown keys and wrong types are ConfigErrors that name the key,
+say what was expected and suggest the closest valid key.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from upslope.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    return Field(default, description=help, **kw)
+
+
+class Plugin(Section):
+    """A registry entry by name plus its options (checked against the plugin's signature)."""
+
+    name: str = opt(..., "registry name of the plugin")
+    options: dict[str, Any] = opt({}, "keyword options passed to the plugin")
+
+
+class RewardSpec(Plugin):
+    weight: float = opt(1.0, "weight of this component in the combined reward")
+    as_name: str | None = opt(None, "component name in logs (default: the reward's name)")
+
+
+class ModelConfig(Section):
+    name: str = opt("smollm2-135m-instruct", "HF id, local directory, .gguf file, or 'smollm2-135m-instruct'")
+    gguf_file: str | None = opt(None, "GGUF file name inside `name` when it is a directory of GGUF files")
+    dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the learner's master weights")
+    cache_dir: str | None = opt(None, "where converted models are cached (default ~/.cache/upslope)")
+    trust_remote_code: bool = opt(False, "allow model code from the model directory")
+    chat_template: str | None = opt(None, "Jinja chat template (text or file path) replacing the tokenizer's")
+    use_chat_template: bool = opt(True, "wrap prompts with the chat template (false: raw text prompts)")
+
+
+class EngineConfig(Section):
+    name: Literal["auto", "vllm", "hf"] = opt("auto", "rollout engine: vllm if importable, else hf")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "engine dtype (auto: bf16 for vllm, model dtype for hf)")
+    enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
+    kv_cache_gb: float = opt(1.0, "vllm on CPU: KV-cache size in GiB", gt=0)
+    gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
+    max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
+    max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
+    hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
+    seed: int = opt(0, "engine sampling seed")
+
+
+class DataConfig(Section):
+    task: str = opt("arith", "built-in task (arith, gsm8k, math500, humaneval, ...) used when `path` is empty")
+    options: dict[str, Any] = opt({}, "options of the task (e.g. ops, digits, count, seed for arith)")
+    path: str | None = opt(None, "JSONL / Parquet file or HF dataset directory instead of a built-in task")
+    split: str | None = opt(None, "split of an HF dataset directory")
+    prompt_field: str = opt("prompt", "field holding the prompt text")
+    messages_field: str | None = opt(None, "field holding chat messages instead of prompt text")
+    answer_field: str | None = opt("answer", "field holding the reference answer")
+    system_prompt: str | None = opt(None, "system message prepended to every prompt")
+    template: str = opt("{prompt}", "instruction template; {prompt} is replaced by the prompt text")
+    limit: int | None = opt(None, "use only the first N examples", ge=1)
+    shuffle: bool = opt(True, "training only: shuffle prompt order each epoch (seeded)")
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = opt(8, "prompts sampled per training step", ge=1)
+    n: int = opt(4, "completions per prompt (the group size)", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", ge=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
+    top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
+    max_new_tokens: int = opt(32, "most tokens generated per completion", ge=1)
+    max_prompt_tokens: int = opt(512, "longer prompts are an error (or dropped with drop_long_prompts)", ge=1)
+    drop_long_prompts: bool = opt(False, "drop prompts over max_prompt_tokens instead of failing")
+    max_resample_rounds: int = opt(4, "filters: most extra rollout rounds to refill a filtered batch", ge=0)
+
+
+class AlgoConfig(Section):
+    advantage: Plugin = opt(Plugin(name="grpo"), "advantage estimator (registry: advantage)")
+    policy_loss: Plugin = opt(Plugin(name="ppo_clip"), "per-token policy loss (registry: policy_loss)")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = opt(
+        "token_mean", "how per-token losses are reduced")
+    loss_agg_constant: float | None = opt(None, "seq_sum_constant divisor (default: rollout.max_new_tokens)")
+    kl_coef: float = opt(0.0, "beta: weight of KL to the frozen reference (0: no reference model loaded)", ge=0)
+    kl_estimator: str = opt("k3", "KL estimator (registry: kl)")
+    kl_in: Literal["loss", "reward"] = opt("loss", "apply KL as a loss term or fold it into token rewards")
+    filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling")
+    reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine")
+    entropy_coef: float = opt(0.0, "weight of an entropy bonus in the loss")
+
+
+class OptimConfig(Section):
+    lr: float = opt(2e-5, "peak learning rate", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    eps: float = opt(1e-8, "AdamW epsilon")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", ge=0)
+    warmup_steps: int = opt(0, "linear warmup steps", ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = opt("constant", "learning-rate schedule after warmup")
+    min_lr_ratio: float = opt(0.0, "cosine/linear: final lr as a fraction of the peak", ge=0, le=1)
+
+
+class TrainConfig(Section):
+    steps: int = opt(40, "training steps (one rollout batch each)", ge=1)
+    updates_per_batch: int = opt(1, "optimiser steps per rollout batch (mini-batches x epochs)", ge=1)
+    epochs_per_batch: int = opt(1, "passes over each rollout batch", ge=1)
+    micro_batch_tokens: int = opt(4096, "token budget (rows x longest row) of one forward/backward", ge=16)
+    logprob_chunk: int = opt(1024, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
+    precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (bf16 autocast)")
+    grad_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    threads: int = opt(0, "torch threads for the learner (0: all cores)", ge=0)
+    seed: int = opt(0, "seed for data order, sampling and init")
+    deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
+    eval_every: int = opt(0, "evaluate every N steps (0: only before and after)", ge=0)
+    eval_before: bool = opt(True, "evaluate before training")
+    eval_after: bool = opt(True, "evaluate after training")
+    save_every: int = opt(0, "checkpoint every N steps (0: only at the end)", ge=0)
+    keep_last: int = opt(2, "checkpoints kept", ge=1)
+    resume: str | None = opt(None, "'latest' or a checkpoint directory to resume from")
+
+
+class EvalConfig(Section):
+    data: DataConfig | None = opt(None, "held-out prompts (default: the training task with eval_seed, 200 problems)")
+    n: int = opt(1, "samples per prompt", ge=1)
+    temperature: float = opt(0.0, "0 means greedy", ge=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
+    max_new_tokens: int | None = opt(None, "default: rollout.max_new_tokens", ge=1)
+    k: list[int] = opt([1], "pass@k / maj@k values to report (each <= n)")
+    limit: int | None = opt(200, "evaluate on the first N prompts", ge=1)
+    write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
+
+
+class LogConfig(Section):
+    jsonl: bool = opt(True, "write metrics.jsonl in the run directory")
+    tensorboard: bool = opt(True, "also write TensorBoard events when tensorboard is installed")
+    progress: bool = opt(True, "live progress display")
+    plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+
+
+class Config(Section):
+    run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
+    model: ModelConfig = opt(ModelConfig(), "policy model")
+    engine: EngineConfig = opt(EngineConfig(), "rollout engine")
+    data: DataConfig = opt(DataConfig(), "training prompts")
+    rollout: RolloutConfig = opt(RolloutConfig(), "sampling during training")
+    reward: list[RewardSpec] = opt([], "reward components (empty: the task's default reward)")
+    reward_fallback: float = opt(0.0, "reward for a sample whose reward function raised or returned NaN")
+    algo: AlgoConfig = opt(AlgoConfig(), "algorithm: advantage, loss, KL, filters")
+    optim: OptimConfig = opt(OptimConfig(), "optimiser and schedule")
+    train: TrainConfig = opt(TrainConfig(), "training loop")
+    eval: EvalConfig = opt(EvalConfig(), "evaluation")
+    log: LogConfig = opt(LogConfig(), "metric sinks and progress")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML recipe (which may name a `base:` recipe to extend) and apply
+    `a.b.c=value` overrides; validate into a Config."""
+    raw: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return validate(raw, source=str(path) if path else "config")
+
+
+def validate(raw: dict[str, Any], source: str = "config") -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"{path}: recipe file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of options at the top level")
+    base = data.pop("base", None)
+    if base:
+        base_path = (path.parent / base).resolve()
+        if base_path in seen:
+            raise ConfigError(f"{path}: 'base' chain loops back to {base_path}")
+        data = _merge(_read_yaml(base_path, seen + (path.resolve(),)), data)
+    return data
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "options" else v
+    return out
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}': expected key=value, e.g. train.steps=10")
+    key, _, text = item.partition("=")
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        value = text
+    parts = key.strip().split(".")
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[p] = nxt
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        valid = _fields_at(loc[:-1])
+        near = difflib.get_close_matches(loc[-1], valid, n=1)
+        hint = f"; did you mean '{'.'.join(loc[:-1] + [near[0]])}'?" if near else ""
+        return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
+    given = err.get("input")
+    shown = "" if isinstance(given, dict) else f" (got {given!r})"
+    return f"{key}: {err['msg']}{shown}"
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    model: Any = Config
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        model = _model_in(ann)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _model_in(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        m = _model_in(arg)
+        if m is not None:
+            return m
+    return None
+
+
+def dump(config: Config) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_options(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every option, for `upslope config options`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        sub = _model_in(field.annotation)
+        key = f"{prefix}{name}"
+        if sub is not None and sub is not Plugin and sub is not RewardSpec and not _is_list(field.annotation):
+            rows.extend(describe_options(sub, key + "."))
+        else:
+            default = field.default if field.default is not None else "null"
+            if isinstance(default, BaseModel):
+                default = default.model_dump()
+            rows.append((key, repr(default) if not isinstance(default, str) else default, field.description or ""))
+    return rows
+
+
+def _is_list(ann: Any) -> bool:
+    return getattr(ann, "__origin__", None) is list

@@ -1,0 +1,120 @@
+"""Prompt sources: JSONL, Parquet and Hugging Face dataset directories, mapped to Examples.
+
+Errors name the file and line (JSONL) or row (Parquet/HF) and the missing field.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from upslope.data.types import Example
+from upslope.errors import DataError
+
+
+def read_records(path: str | Path, split: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, record) pairs from a .jsonl[.gz], .parquet, or HF dataset directory."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{p}: data file not found")
+    name = p.name.lower()
+    if p.is_dir():
+        yield from _read_hf_dir(p, split)
+    elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        yield from _read_jsonl(p)
+    elif name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        for i, rec in enumerate(pq.read_table(p).to_pylist()):
+            yield f"{p}:row {i + 1}", rec
+    else:
+        raise DataError(f"{p}: unknown data format (expected .jsonl, .jsonl.gz, .parquet or a dataset directory)")
+
+
+def _read_jsonl(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    opener = gzip.open if p.name.endswith(".gz") else open
+    with opener(p, "rt", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{p}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            yield f"{p}:{lineno}", rec
+
+
+def _read_hf_dir(p: Path, split: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception:
+        files = sorted([*p.glob("*.jsonl"), *p.glob("*.parquet"), *p.glob("*.jsonl.gz")])
+        if split:
+            files = [f for f in files if f.name.startswith(split)] or files
+        if not files:
+            raise DataError(f"{p}: not a saved HF dataset and holds no .jsonl/.parquet files") from None
+        for f in files:
+            yield from read_records(f)
+        return
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None:
+            split = "train" if "train" in ds else next(iter(ds))
+        if split not in ds:
+            raise DataError(f"{p}: no split '{split}' (has: {', '.join(ds)})")
+        ds = ds[split]
+    for i, rec in enumerate(ds):
+        yield f"{p}[{split or 'data'}]:row {i + 1}", rec
+
+
+def records_to_examples(
+    records: Iterator[tuple[str, dict[str, Any]]],
+    prompt_field: str = "prompt",
+    messages_field: str | None = None,
+    answer_field: str | None = "answer",
+    template: str = "{prompt}",
+    limit: int | None = None,
+) -> list[Example]:
+    """Map raw records to Examples; every other field rides along in `meta`."""
+    out: list[Example] = []
+    for where, rec in records:
+        if limit is not None and len(out) >= limit:
+            break
+        if messages_field:
+            if messages_field not in rec:
+                raise DataError(f"{where}: field '{messages_field}' missing (data.messages_field)")
+            msgs = rec[messages_field]
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
+                raise DataError(f"{where}: field '{messages_field}' must be a list of {{role, content}} messages")
+            prompt: Any = [dict(m) for m in msgs if m["role"] != "assistant" or m is not msgs[-1]]
+        else:
+            if prompt_field not in rec:
+                raise DataError(f"{where}: field '{prompt_field}' missing (data.prompt_field; "
+                                f"fields here: {', '.join(rec)})")
+            text = rec[prompt_field]
+            if not isinstance(text, str):
+                raise DataError(f"{where}: field '{prompt_field}' must be text, got {type(text).__name__}")
+            prompt = apply_template(template, text, rec, where)
+        answer = None
+        if answer_field:
+            if answer_field not in rec:
+                raise DataError(f"{where}: field '{answer_field}' missing (data.answer_field; "
+                                f"set data.answer_field=null for prompts without answers)")
+            answer = rec[answer_field]
+        meta = {k: v for k, v in rec.items() if k not in (prompt_field, messages_field)}
+        meta["source"] = where
+        out.append(Example(prompt=prompt, answer=answer, meta=meta, id=str(rec.get("id", len(out)))))
+    return out
+
+
+def apply_template(template: str, prompt: str, record: dict[str, Any], where: str) -> str:
+    try:
+        return template.format(prompt=prompt, **{k: v for k, v in record.items() if k != "prompt"})
+    except KeyError as exc:
+        raise DataError(f"{where}: data.template refers to field {exc} that the record lacks") from None
+    except (IndexError, ValueError) as exc:
+        raise DataError(f"data.template: {exc} (use {{prompt}} and record field names in braces)") from None

@@ -1,0 +1,99 @@
+"""Built-in tasks, registered in TASKS. Each returns Examples and names its default reward.
+
+A task function takes `split` ("train" or "test") and keyword options; the registry entry's
+`reward` attribute (and `reward_options`) is the reward used when the config names none.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from upslope.data.sources import read_records, records_to_examples
+from upslope.data.types import Example
+from upslope.errors import DataError
+from upslope.registry import TASKS
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_TEST_SEED_OFFSET = 1_000_003
+
+
+def shared_data_dir() -> Path:
+    """Where the project's shipped datasets live: $UPSLOPE_DATA_DIR, else ../shared/data
+    beside the repository checkout."""
+    env = os.environ.get("UPSLOPE_DATA_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def _data_file(path: str | None, *parts: str) -> Path:
+    p = Path(path).expanduser() if path else shared_data_dir().joinpath(*parts)
+    if not p.exists():
+        raise DataError(f"{p}: data file not found (pass data.options.path=... or set UPSLOPE_DATA_DIR)")
+    return p
+
+
+@TASKS.register("arith", reward="integer", reward_options={"extract": "first", "strict": True})
+def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
+          allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?") -> list[Example]:
+    """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
+    the answer is the integer result. The test split uses a different seed."""
+    for op in ops:
+        if op not in _OPS:
+            raise DataError(f"data.options.ops: unknown operation '{op}' (use any of + - *)")
+    if digits < 1:
+        raise DataError("data.options.digits: must be at least 1")
+    rng = random.Random(seed + (_TEST_SEED_OFFSET if split == "test" else 0))
+    lo = 0 if allow_zero else 1
+    lo = max(lo, 10 ** (digits - 1)) if digits > 1 else lo
+    hi = 10 ** digits - 1
+    out = []
+    for i in range(count):
+        a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
+        out.append(Example(prompt=prompt.format(a=a, b=b, op=op), answer=_OPS[op](a, b),
+                           meta={"a": a, "b": b, "op": op}, id=f"arith-{split}-{i}"))
+    return out
+
+
+def _gsm8k_answer(text: str) -> str:
+    return text.split("####")[-1].strip().replace(",", "")
+
+
+@TASKS.register("gsm8k", reward="math")
+def gsm8k(*, split: str = "test", path: str | None = None,
+          instruction: str = "{prompt}\nPut your final answer after '####'.") -> list[Example]:
+    """Grade-school math word problems (GSM8K); the reference is the number after '####'."""
+    file = _data_file(path, "gsm8k", f"{split}.jsonl")
+    examples = records_to_examples(read_records(file), prompt_field="question", answer_field="answer",
+                                   template=instruction)
+    for ex in examples:
+        ex.meta["solution"] = ex.answer
+        ex.answer = _gsm8k_answer(str(ex.answer))
+    return examples
+
+
+def _competition(name: str, folder: str):
+    @TASKS.register(name, reward="math")
+    def task(*, split: str = "test", path: str | None = None,
+             instruction: str = "{prompt}\nPut your final answer within \\boxed{{}}.") -> list[Example]:
+        file = _data_file(path, folder, "test.jsonl")
+        examples = records_to_examples(read_records(file), prompt_field="problem", answer_field="answer",
+                                       template=instruction)
+        for ex in examples:
+            ex.answer = str(ex.answer)
+        return examples
+
+    task.__doc__ = f"{name}: competition math problems with a reference answer (math-verify reward)."
+    return task
+
+
+math500 = _competition("math500", "math500")
+aime24 = _competition("aime24", "aime24")
+amc23 = _competition("amc23", "amc23")
+
+try:  # the HumanEval task lives beside the sandbox
+    import upslope.data.humaneval  # noqa: F401
+except ModuleNotFoundError as _exc:  # pragma: no cover
+    if _exc.name != "upslope.data.humaneval":
+        raise

