@@ -1,0 +1,67 @@
+"""KL(pi || ref) per-token estimators from samples of pi, an adaptive KL coefficient, and KL-in-reward.
+
+With log-ratio x = logprobs - ref_logprobs (tokens sampled from pi):
+k1 = x (unbiased, high variance, can be negative); k2 = x^2 / 2 (biased, low variance;
+its gradient is the true KL gradient on-policy); k3 = exp(-x) + x - 1 (unbiased, >= 0,
+low variance; Schulman's estimator, "low_var_kl"). Signature: `fn(logprobs, ref_logprobs) -> [N, L]`;
+mask the result (e.g. with `aggregate`) before use.
+"""
+import math
+
+import torch
+from torch import Tensor
+
+from upslope.errors import ConfigError
+from upslope.registry import KL_ESTIMATORS
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = log pi - log ref: unbiased KL estimate, high variance, may be negative."""
+    return logprobs - ref_logprobs.detach()
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = (log pi - log ref)^2 / 2: low variance, slightly biased, non-negative."""
+    return 0.5 * (logprobs - ref_logprobs.detach()) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = exp(ref - lp) - (ref - lp) - 1: unbiased, low variance, always >= 0."""
+    d = ref_logprobs.detach() - logprobs
+    return (torch.expm1(d) - d).clamp(min=0)  # clamp: guard a rounding step below 0 at tiny d
+
+
+def kl_in_reward(token_rewards: Tensor, kl: Tensor, beta: float, mask: Tensor) -> Tensor:
+    """token_rewards - beta * kl on mask > 0 tokens (KL as a per-token reward penalty, PPO-RLHF style)."""
+    penalty = torch.where(mask > 0, beta * kl.detach(), torch.zeros_like(kl))
+    return token_rewards - penalty
+
+
+class FixedKLController:
+    """A constant KL coefficient (same interface as the adaptive one)."""
+
+    def __init__(self, beta: float):
+        self.value = float(beta)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        return self.value
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon."""
+
+    def __init__(self, init_beta: float, target: float, horizon: int):
+        if target <= 0 or horizon <= 0:
+            raise ConfigError(f"adaptive KL needs target > 0 and horizon > 0 (got {target}, {horizon})")
+        self.value, self.target, self.horizon = float(init_beta), float(target), int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        """Move beta toward keeping the observed KL near target; n_steps = samples (or steps) since last update."""
+        if not math.isfinite(current_kl):
+            return self.value
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value
