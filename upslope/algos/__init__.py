@@ -1,0 +1,2 @@
+"""Algorithm plugins: advantages, policy losses, KL, filters, reward combiners; importing registers them."""
+from upslope.algos import advantages, aggregate, combiners, correction, filters, kl, losses  # noqa: F401

@@ -1,0 +1,42 @@
+"""Batch filters: `fn(batch, *, options) -> keep BoolTensor[N]`, plus the DAPO overlong loss mask."""
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from upslope.batch import Batch
+from upslope.errors import ConfigError
+from upslope.registry import FILTERS
+
+
+def _group_any(flag: Tensor, group_ids: Tensor) -> Tensor:
+    """Per sample: does any sample of its group have `flag`?"""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    hit = torch.zeros(int(inv.max().item()) + 1 if inv.numel() else 0, dtype=torch.long, device=flag.device)
+    hit.index_add_(0, inv, flag.long())
+    return hit[inv] > 0
+
+
+@FILTERS.register("nonzero_std")
+def nonzero_std(batch: Batch, *, tol: float = 0.0) -> Tensor:
+    """DAPO dynamic sampling: keep groups whose rewards are not all equal (max - min > tol); they carry no signal."""
+    if batch.rewards is None:
+        raise ConfigError("filter 'nonzero_std' needs batch.rewards")
+    r = batch.rewards.to(torch.float32)
+    _, inv = torch.unique(batch.group_ids, return_inverse=True)
+    g = int(inv.max().item()) + 1 if inv.numel() else 0
+    hi = torch.full((g,), -torch.inf, device=r.device).scatter_reduce(0, inv, r, "amax")
+    lo = torch.full((g,), torch.inf, device=r.device).scatter_reduce(0, inv, r, "amin")
+    return (hi - lo)[inv] > tol
+
+
+@FILTERS.register("max_length")
+def max_length(batch: Batch, *, scope: Literal["group", "sample"] = "group") -> Tensor:
+    """Drop truncated completions (hit max_new_tokens): the whole group (scope="group") or just the sample."""
+    trunc = batch.truncated.bool()
+    return ~(_group_any(trunc, batch.group_ids) if scope == "group" else trunc)
+
+
+def overlong_mask(batch: Batch) -> Tensor:
+    """DAPO overlong filtering: batch.loss_mask with truncated completions zeroed (they train on nothing)."""
+    return torch.where(batch.truncated.bool()[:, None], torch.zeros_like(batch.loss_mask), batch.loss_mask)
