@@ -40,7 +40,8 @@ def test_ppo_clip_hand_example():
 
 
 def test_ppo_dual_clip_bounds_negative_advantage_loss():
-    lp, old, adv, m = torch.log(torch.tensor([[5.0, 5.0]])), torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2)
+    lp, old = torch.log(torch.tensor([[5.0, 5.0]])), torch.zeros(1, 2)
+    adv, m = torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2)
     assert torch.allclose(ppo_clip(lp, old, adv, m)[0], torch.tensor([[5.0, -1.2]]))
     loss, metrics = ppo_clip(lp, old, adv, m, dual_clip=3.0)
     assert torch.allclose(loss, torch.tensor([[3.0, -1.2]]))  # min(max(5, 1.2), 3) = 3

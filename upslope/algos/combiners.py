@@ -19,7 +19,8 @@ def _weights(components: dict[str, Tensor], weights: dict[str, float] | None) ->
 
 
 @REWARD_COMBINERS.register("weighted_sum")
-def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None) -> Tensor:
+def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *,
+                 weights: dict[str, float] | None = None) -> Tensor:
     """sum_k w_k * r_k (unlisted components weigh 1): the plain multi-reward combination."""
     w = _weights(components, weights)
     return sum(w[k] * components[k].to(torch.float32) for k in components)

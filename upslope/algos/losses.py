@@ -97,7 +97,8 @@ def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tens
 
 
 @POLICY_LOSSES.register("reinforce")
-def reinforce(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def reinforce(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+              mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient -A * logprob (no ratio, no clip): on-policy only."""
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
     loss = -_zero_off(advantages.detach(), mask) * _zero_off(logprobs, mask)
