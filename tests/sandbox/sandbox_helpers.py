@@ -1,0 +1,50 @@
+"""Helpers of the sandbox tests (imported by name: pytest puts this folder on sys.path)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from upslope.sandbox import bwrap_problem
+
+BWRAP_PROBLEM = bwrap_problem()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"sandbox unavailable: {BWRAP_PROBLEM}")
+
+
+def _alive(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def pids_with_uid_in(uids: range | None) -> list[int]:
+    """Live (not zombie) processes running as one of `uids` (the uids a sandbox uses as root)."""
+    if uids is None:
+        return []
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid in uids and _alive(entry.name):
+                    out.append(int(entry.name))
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def pids_with_marker(marker: str) -> list[int]:
+    """Live processes whose command line contains `marker`."""
+    out = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if marker.encode() in f.read() and _alive(entry.name):
+                    out.append(int(entry.name))
+        except OSError:
+            pass
+    return out

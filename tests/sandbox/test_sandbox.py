@@ -1,0 +1,200 @@
+"""The sandbox's plain behaviour: statuses, output, stdin, files, limits, refusal, weak mode."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in
+from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status
+
+
+def test_config_and_job_validation():
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="exactly one"):
+        Job()
+    with pytest.raises(ValueError, match="exactly one"):
+        Job(code="1", command="true")
+    with pytest.raises(ValueError, match="relative"):
+        Job(code="1", files={"../x": "y"})
+    with pytest.raises(ValueError, match="taken"):
+        Job(code="1", files={"main.py": "y"})
+    assert Status.OK == "ok" and str(Status.OUTPUT_LIMIT) == "output_limit"
+
+
+@needs_bwrap
+def test_statuses_and_output(pool):
+    jobs = [
+        Job(code="import sys; print('out'); print('err', file=sys.stderr)"),
+        Job(code="import sys; sys.exit(3)"),
+        Job(code="raise ValueError('boom')"),
+        Job(code="import sys; sys.stdout.write(sys.stdin.read().upper())", stdin="hello\n"),
+        Job(code="print(open('data/in.txt').read())", files={"data/in.txt": "payload"}),
+        Job(command="echo $((6 * 7)); pwd; cat in.txt", files={"in.txt": "shell file"}),
+        Job(code="import os; os.kill(os.getpid(), 9)"),
+        Job(code="def f(:\n  pass"),
+    ]
+    r = pool.run_many(jobs)
+    assert (r[0].status, r[0].stdout, r[0].stderr, r[0].exit_code) == (Status.OK, "out\n", "err\n", 0)
+    assert (r[1].status, r[1].exit_code) == (Status.FAILED, 3)
+    assert r[2].status is Status.FAILED and "ValueError: boom" in r[2].stderr
+    assert r[3].stdout == "HELLO\n"
+    assert r[4].stdout.strip() == "payload"
+    assert r[5].status is Status.OK and r[5].stdout.split("\n")[:3] == ["42", "/tmp/work", "shell file"]
+    # a pid-1 program cannot kill itself with a signal from inside its namespace; either way
+    # it must not count as a pass
+    assert r[6].status in (Status.CRASHED, Status.OK) and r[6].mode == "bwrap"
+    assert r[7].status is Status.FAILED and "SyntaxError" in r[7].stderr
+    for res in r:
+        assert res.wall_s > 0 and res.cpu_s >= 0 and res.mode == "bwrap"
+
+
+@needs_bwrap
+def test_minimal_environment_and_identity(pool):
+    res = pool.run(Job(code="import os, json; print(json.dumps([dict(os.environ), os.getuid(), os.getcwd()]))"))
+    env, uid, cwd = json.loads(res.stdout)
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS",
+                        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "PWD", "LC_CTYPE"}
+    assert cwd == "/tmp/work"
+    if os.geteuid() == 0:
+        assert uid in pool.sandbox.uid_range  # never root inside
+
+
+@needs_bwrap
+def test_cpu_limit_and_job_timeout():
+    sb = Sandbox(SandboxConfig(timeout_s=20, cpu_s=1))
+    res = sb.run(Job(code="while True: pass"))
+    assert res.status is Status.TIMEOUT and res.cpu_s >= 0.9 and res.wall_s < 15
+    t = time.monotonic()
+    res = sb.run(Job(code="import time; time.sleep(30)", timeout_s=0.5))
+    assert res.status is Status.TIMEOUT and time.monotonic() - t < 5
+
+
+@needs_bwrap
+def test_processes_and_threads_are_limited():
+    sb = Sandbox(SandboxConfig(max_procs=8))
+    code = "import threading, time\nts = [threading.Thread(target=time.sleep, args=(0.5,)) for _ in range(20)]\n" \
+           "[t.start() for t in ts]"
+    res = sb.run(Job(code=code))
+    assert res.status is Status.FAILED and "can't start new thread" in res.stderr
+    assert sb.run(Job(code=code.replace("20", "4"))).status is Status.OK
+
+
+@needs_bwrap
+def test_async_api(pool):
+    async def main():
+        one = await pool.run_async(Job(code="print(1)"))
+        many = await pool.run_many_async([Job(code=f"print({i})") for i in range(6)])
+        return one, many
+
+    one, many = asyncio.run(main())
+    assert one.stdout == "1\n" and [r.stdout for r in many] == [f"{i}\n" for i in range(6)]
+
+
+@needs_bwrap
+def test_sandbox_dies_with_its_parent(tmp_path):
+    """A trainer killed mid-run leaves no sandboxed process behind."""
+    marker = f"upslope-orphan-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        from upslope.sandbox import Job, Sandbox
+        Sandbox().run(Job(command="sleep 300; : {marker}", timeout_s=300))
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=os.getcwd())
+    try:
+        for _ in range(200):
+            if pids_with_marker(marker):
+                break
+            time.sleep(0.05)
+        assert pids_with_marker(marker), "the sandboxed command never started"
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(100):
+        if not pids_with_marker(marker):
+            break
+        time.sleep(0.05)
+    assert pids_with_marker(marker) == []
+
+
+def test_refused_without_bwrap():
+    """With no bubblewrap on PATH and no opt-in, nothing runs and the reason is one line."""
+    code = textwrap.dedent("""
+        import json
+        from upslope.sandbox import Job, Sandbox, SandboxConfig
+        r = Sandbox().run(Job(code="print(1)"))
+        w = Sandbox(SandboxConfig(allow_weak=True)).run(Job(code="print(1)"))
+        print(json.dumps([str(r.status), r.error, str(w.status), w.mode, w.stdout]))
+    """)
+    env = {"PATH": "/nonexistent", "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    status, error, weak_status, weak_mode, weak_out = json.loads(out.stdout)
+    assert status == "refused" and "apt-get install -y bubblewrap" in error and "\n" not in error
+    # the weak mode still needs prlimit, which is not on this PATH either: refused, not unconfined
+    assert weak_status in ("ok", "refused")
+
+
+# ---------------------------------------------------------------- the weak mode (no bwrap)
+@pytest.fixture(scope="module")
+def weak_pool():
+    limits = dict(timeout_s=3.0, memory_mb=256, max_output_bytes=1 << 16)
+    p = SandboxPool(SandboxConfig(**limits), weak=True)
+    if p.problem and os.path.exists("/usr/bin/python3"):
+        # as root the weak mode runs programs under an unprivileged uid, which may not
+        # reach this interpreter (e.g. one under /root): take the system one
+        p.close()
+        p = SandboxPool(SandboxConfig(**limits, python="/usr/bin/python3"), weak=True)
+    if p.problem:
+        pytest.skip(f"weak mode unavailable: {p.problem}")
+    yield p
+    p.close()
+    assert pids_with_uid_in(p.sandbox.uid_range) == []
+
+
+def test_weak_mode_statuses(weak_pool):
+    r = weak_pool.run_many([
+        Job(code="print('hi')"),
+        Job(code="raise SystemExit(2)"),
+        Job(code="while True: pass", timeout_s=0.5),
+        Job(code="x = bytearray(1 << 30)"),
+        Job(code="while True: print('y' * 4096)"),
+        Job(code="import sys; print(sys.stdin.read()[::-1])", stdin="abc"),
+    ])
+    assert [x.status for x in r] == [Status.OK, Status.FAILED, Status.TIMEOUT, Status.MEMORY,
+                                     Status.OUTPUT_LIMIT, Status.OK]
+    assert r[0].stdout == "hi\n" and r[0].mode == "weak" and r[5].stdout == "cba\n"
+    assert r[4].truncated and len(r[4].stdout) == 1 << 16
+
+
+def test_weak_mode_scrubs_environment_and_cleans_up(weak_pool, monkeypatch):
+    monkeypatch.setenv("UPSLOPE_WEAK_SECRET", "s3cr3t-weak")
+    res = weak_pool.run(Job(code="import os; print(os.getcwd()); print(dict(os.environ))"))
+    cwd = res.stdout.splitlines()[0]
+    assert "s3cr3t-weak" not in res.stdout
+    assert not os.path.exists(cwd)  # the temporary work directory is gone
+
+
+def test_weak_mode_kills_detached_children(weak_pool):
+    marker = f"upslope-weak-orphan-{time.time_ns()}"
+    code = textwrap.dedent(f"""
+        import subprocess
+        subprocess.Popen(["sh", "-c", "sleep 300; : {marker}"], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print("spawned")
+    """)
+    res = weak_pool.run(Job(code=code))
+    assert res.status is Status.OK
+    time.sleep(0.2)
+    if os.geteuid() == 0:  # as root every process of the run's uid is killed
+        assert pids_with_marker(marker) == []
+    else:  # documented gap of the weak mode: setsid escapes the process group
+        for pid in pids_with_marker(marker):
+            os.kill(pid, 9)

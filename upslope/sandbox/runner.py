@@ -1,0 +1,670 @@
+"""Run one untrusted program: isolate it, feed it, watch it, and say how it ended.
+
+Isolation (see docs/sandbox.md for the threat model):
+- bubblewrap gives the program its own PID, network, IPC and UTS namespaces, a read-only
+  view of the host's files, fresh /proc, /dev, /tmp and /dev/shm, and hides home
+  directories and /run (the interpreter's install is put back, read-only);
+- as root the program runs under a uid of its own (one per concurrent run, from a random
+  block), so RLIMIT_NPROC holds and host files are only readable where "others" may read;
+  as an ordinary user bubblewrap maps the user into a fresh user namespace, where the
+  process count is per namespace;
+- `prlimit` sets RLIMIT_AS, _CPU, _NPROC, _NOFILE, _FSIZE and _CORE on the program only;
+- a wall clock kills the whole tree: bubblewrap's PID 1 dies with its parent, and the
+  kernel then kills everything left in the namespace.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable
+
+from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = "/tmp/work"  # the program's working directory inside bubblewrap
+HINT = "install bubblewrap (apt-get install -y bubblewrap), or set allow_weak=True to run with rlimits only"
+_NAMESPACES_ROOT = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+_NAMESPACES_USER = ["--unshare-user", "--disable-userns", *_NAMESPACES_ROOT]
+# PID 1 of the namespace: a shell that runs the program and exits with its status. It
+# keeps bubblewrap's uid, so the parent-death signal reaches it when bubblewrap dies (a
+# signal to the program's own uid would be refused: bubblewrap drops CAP_KILL); when it
+# dies the kernel kills everything left in the namespace. bubblewrap waits for it, so the
+# program's CPU time is counted.
+_INIT = ["/bin/sh", "-c", '"$@"; exit $?', "upslope-init"]
+_UID_BLOCK = 1 << 16  # uids one Sandbox may use as root: base .. base + 65535
+_GRACE_S = 0.5  # after the program exits, how long leftover holders of its pipes may linger
+_OOM = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory", re.IGNORECASE)
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_problem() -> str | None:
+    """None when bubblewrap can build a sandbox here; otherwise one line saying why not."""
+    tools = ["bwrap", "prlimit"] + (["setpriv"] if _is_root() else [])
+    missing = [t for t in tools if shutil.which(t) is None]
+    if "bwrap" in missing:
+        return f"bubblewrap (bwrap) is not installed: {HINT}"
+    if missing:
+        return f"the sandbox needs {' and '.join(missing)} (package util-linux), not found on PATH"
+    ns = _NAMESPACES_ROOT if _is_root() else _NAMESPACES_USER
+    argv = ["bwrap", *ns, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap failed to start: {exc}"
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip().splitlines()
+        why = msg[-1] if msg else f"exit code {proc.returncode}"
+        return (
+            f"bubblewrap cannot create a sandbox here ({why}); unprivileged user namespaces may be "
+            "disabled (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 "
+            "kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
+        )
+    return None
+
+
+def _interpreter_roots(python: str) -> list[str]:
+    """Directories the interpreter needs: every install prefix along its symlink chain."""
+    roots: set[str] = set()
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        roots.update({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+    path, seen = os.path.abspath(python), 0
+    while seen < 40:
+        parent = os.path.dirname(path)
+        roots.add(os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent)
+        if not os.path.islink(path):
+            break
+        path = os.path.join(parent, os.readlink(path))
+        seen += 1
+    return sorted({os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots})
+
+
+def _hidden_dirs() -> list[str]:
+    """Host directories replaced by an empty read-only directory inside the sandbox."""
+    cands = ["/root", "/home", "/run", os.environ.get("HOME", "")]
+    out: list[str] = []
+    for d in sorted({os.path.realpath(c) for c in cands if c}):
+        if d in ("/", "/tmp") or d.startswith("/tmp/") or not os.path.isdir(d):
+            continue
+        if any(d == h or d.startswith(h + "/") for h in out):
+            continue
+        out.append(d)
+    return out
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user with no special rights can reach and execute `path` (and its symlink targets)."""
+    real = os.path.realpath(path)
+    for p in {os.path.abspath(path), real}:
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i]) or "/"
+            try:
+                if not os.stat(d).st_mode & stat.S_IXOTH:
+                    return False
+            except OSError:
+                return False
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return False
+    return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
+
+
+def _memfd(data: str | bytes) -> int:
+    fd = os.memfd_create("upslope-sandbox")
+    raw = data.encode() if isinstance(data, str) else data
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+class Sandbox:
+    """Runs untrusted programs, one per calling thread at a time (SandboxPool runs many).
+
+    `weak=True` uses the weak mode even where bubblewrap works (for tests, or hosts where
+    namespaces are unwanted); it implies allow_weak.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, *, weak: bool = False):
+        self.config = config or SandboxConfig()
+        self.root = _is_root()
+        self._tools = {t: shutil.which(t) or t for t in ("bwrap", "prlimit", "setpriv")}
+        self.problem = "weak mode requested" if weak else bwrap_problem()
+        if self.problem is None:
+            self.mode = "bwrap"
+        elif weak or self.config.allow_weak:
+            weak_problem = self._weak_problem()
+            if weak_problem:
+                self.mode, self.problem = "", f"{self.problem}; and the weak mode cannot run: {weak_problem}"
+            else:
+                self.mode = "weak"
+                if not weak:
+                    log.warning("sandbox: %s; running untrusted code in the WEAK mode (rlimits only)", self.problem)
+        else:
+            self.mode = ""
+        # As root each concurrent run gets its own uid from a random block (see uid_range).
+        self._uid_base = (secrets.randbelow(0x7000) + 0x10) * _UID_BLOCK
+        self._lock = threading.Lock()
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._static = self._bwrap_static_args() if self.mode == "bwrap" else []
+
+    def _weak_problem(self) -> str | None:
+        needed = ["prlimit"] + (["setpriv"] if self.root else [])
+        missing = [t for t in needed if shutil.which(t) is None]
+        if missing:
+            return f"{' and '.join(missing)} (package util-linux) not found on PATH"
+        if self.root and not _others_can_run(self.config.python):
+            return (
+                f"as root it runs programs under an unprivileged uid, which cannot reach the interpreter "
+                f"{self.config.python}; set SandboxConfig(python=...) to one outside private directories "
+                "(e.g. /usr/bin/python3)"
+            )
+        return None
+
+    @property
+    def uid_range(self) -> range | None:
+        """The uids this sandbox runs programs as (when started as root), else None."""
+        return range(self._uid_base, self._uid_base + _UID_BLOCK) if self.root else None
+
+    # ---------------------------------------------------------------- command lines
+    def _bwrap_static_args(self) -> list[str]:
+        cfg = self.config
+        size = str(cfg.disk_mb << 20)
+        args = [self._tools["bwrap"], *(_NAMESPACES_ROOT if self.root else _NAMESPACES_USER)]
+        args += ["--die-with-parent", "--new-session", "--as-pid-1", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+        args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+        hidden = _hidden_dirs()
+        for d in hidden:
+            args += ["--tmpfs", d]
+        made: set[str] = set()
+        for root in _interpreter_roots(cfg.python):
+            top = next((h for h in [*hidden, "/tmp"] if _under(root, h) and root != h), None)
+            if top is None or not os.path.isdir(root):
+                continue
+            rel = os.path.relpath(os.path.dirname(root), top)
+            cur = top
+            for part in [] if rel == "." else rel.split("/"):
+                cur = f"{cur}/{part}"
+                if cur not in made:
+                    made.add(cur)
+                    args += ["--perms", "0755", "--dir", cur]
+            args += ["--ro-bind", root, root]
+        for d in hidden:
+            args += ["--remount-ro", d]
+        args += ["--perms", "0777", "--dir", WORK_DIR, "--chdir", WORK_DIR]
+        args += ["--cap-drop", "ALL"]
+        if self.root:  # setpriv inside needs these two to drop to the run's own uid
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        return args
+
+    def _limits_args(self, cpu_s: float, uid: int | None) -> list[str]:
+        cfg = self.config
+        nproc = cfg.max_procs
+        if self.mode == "weak" and uid is None:
+            nproc += _count_own_processes()  # the limit is per real uid: leave room for the rest
+        cpu = max(1, math.ceil(cpu_s))
+        out: list[str] = []
+        # A change of uid clears the parent-death signal that bubblewrap set: set it again.
+        if uid is not None:
+            out += [self._tools["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+            out += ["--pdeathsig", "KILL", "--"]
+        elif self.mode == "weak" and shutil.which("setpriv"):
+            out += [self._tools["setpriv"], "--pdeathsig", "KILL", "--"]
+        out += [
+            self._tools["prlimit"],
+            f"--as={cfg.memory_mb << 20}",
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--nproc={nproc}",
+            f"--nofile={cfg.max_open_files}",
+            f"--fsize={cfg.disk_mb << 20}",
+            "--core=0",
+            "--",
+        ]
+        return out
+
+    def _program_argv(self, job: Job) -> list[str]:
+        if job.code is not None:
+            return [self.config.python, *self.config.python_args, PROGRAM_NAME]
+        return ["/bin/sh", "-c", job.command or ""]
+
+    def _env(self, job: Job, work: str) -> dict[str, str]:
+        env = {
+            "PATH": f"{os.path.dirname(os.path.abspath(self.config.python))}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": work,
+            "TMPDIR": "/tmp" if self.mode == "bwrap" else work,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        env.update(job.env)
+        return env
+
+    # ---------------------------------------------------------------- uid slots
+    def _acquire_uid(self) -> int | None:
+        if not self.root:
+            return None
+        with self._lock:
+            if self._free_slots:
+                slot = self._free_slots.pop()
+            else:
+                if self._next_slot >= _UID_BLOCK:
+                    raise RuntimeError("sandbox: more than 65536 concurrent runs")
+                slot, self._next_slot = self._next_slot, self._next_slot + 1
+        return self._uid_base + slot
+
+    def _release_uid(self, uid: int | None) -> None:
+        if uid is not None:
+            with self._lock:
+                self._free_slots.append(uid - self._uid_base)
+
+    # ---------------------------------------------------------------- running
+    def run(self, job: Job) -> Result:
+        """Run `job` to completion (or to a limit) and return how it ended. Never raises for
+        anything the program does."""
+        if not self.mode:
+            return Result(Status.REFUSED, error=self.problem or "sandbox unavailable")
+        uid = self._acquire_uid()
+        try:
+            if self.mode == "bwrap":
+                return self._run_bwrap(job, uid)
+            return self._run_weak(job, uid)
+        finally:
+            self._release_uid(uid)
+
+    def _timeouts(self, job: Job) -> tuple[float, float]:
+        wall = job.timeout_s if job.timeout_s is not None else self.config.timeout_s
+        cpu = self.config.cpu_s if self.config.cpu_s is not None else wall
+        return wall, cpu
+
+    def _files(self, job: Job) -> dict[str, str | bytes]:
+        files = dict(job.files)
+        if job.code is not None:
+            files[PROGRAM_NAME] = job.code
+        return files
+
+    def _run_bwrap(self, job: Job, uid: int | None) -> Result:
+        wall, cpu = self._timeouts(job)
+        fds: list[int] = []
+        try:
+            file_args: list[str] = []
+            dirs: set[str] = set()
+            for name, content in self._files(job).items():
+                for i in range(1, name.count("/") + 1):
+                    sub = "/".join(name.split("/")[:i])
+                    if sub not in dirs:
+                        dirs.add(sub)
+                        file_args += ["--perms", "0777", "--dir", f"{WORK_DIR}/{sub}"]
+                fd = _memfd(content)
+                fds.append(fd)
+                file_args += ["--perms", "0666", "--file", str(fd), f"{WORK_DIR}/{name}"]
+            status_r, status_w = os.pipe()
+            fds += [status_r, status_w]
+            argv = [
+                *self._static,
+                *file_args,
+                "--json-status-fd",
+                str(status_w),
+                "--",
+                *_INIT,
+                *self._limits_args(cpu, uid),
+                *self._program_argv(job),
+            ]
+            stdin = _memfd(job.stdin) if job.stdin is not None else subprocess.DEVNULL
+            if isinstance(stdin, int) and stdin >= 0:
+                fds.append(stdin)
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(job, WORK_DIR),
+                cwd="/",
+                pass_fds=[f for f in fds if f not in (status_r, stdin)],
+                start_new_session=True,
+            )
+            os.close(status_w)
+            fds.remove(status_w)
+            res = _supervise(proc, wall, self.config.max_output_bytes, status_fd=status_r)
+        except OSError as exc:
+            return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="bwrap")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        res.mode = "bwrap"
+        if b'"child-pid"' not in res.status_json and res.killed_for is None:
+            err = res.stderr.strip().splitlines()
+            return Result(Status.REFUSED, error="bubblewrap failed: " + (err[-1] if err else "no detail"), mode="bwrap")
+        return res.finish(cpu, exit_signals_as_codes=True)
+
+    def _run_weak(self, job: Job, uid: int | None) -> Result:
+        wall, cpu = self._timeouts(job)
+        work = tempfile.mkdtemp(prefix="upslope-sandbox-")
+        stdin_fd = -1
+        try:
+            for name, content in self._files(job).items():
+                path = os.path.join(work, name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(content.encode() if isinstance(content, str) else content)
+            if uid is not None:
+                for dirpath, dirnames, filenames in os.walk(work):
+                    for n in [dirpath, *(os.path.join(dirpath, x) for x in dirnames + filenames)]:
+                        os.chown(n, uid, uid)
+            stdin = subprocess.DEVNULL
+            if job.stdin is not None:
+                stdin = stdin_fd = _memfd(job.stdin)
+            argv = [*self._limits_args(cpu, uid), *self._program_argv(job)]
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(job, work),
+                cwd=work,
+                start_new_session=True,
+            )
+
+            def sweep() -> None:  # as root: every process of the run's own uid
+                if uid is not None:
+                    _kill_uid(uid)
+
+            res = _supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep)
+            _kill_group(proc.pid)  # leftovers that outlived the program
+            sweep()
+        except OSError as exc:
+            return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="weak")
+        finally:
+            if stdin_fd >= 0:
+                os.close(stdin_fd)
+            shutil.rmtree(work, ignore_errors=True)
+        res.mode = "weak"
+        return res.finish(cpu, exit_signals_as_codes=False)
+
+
+class _Run:
+    """What the supervisor saw; `finish` turns it into a Result."""
+
+    def __init__(self) -> None:
+        self.stdout = self.stderr = ""
+        self.truncated = False
+        self.killed_for: Status | None = None
+        self.wait_status = 0
+        self.wall_s = self.cpu_s = self.max_rss_mb = 0.0
+        self.mode = ""
+        self.status_json = b""
+
+    def finish(self, cpu_limit: float, exit_signals_as_codes: bool) -> Result:
+        code: int | None = None
+        sig: int | None = None
+        if os.WIFSIGNALED(self.wait_status):
+            sig = os.WTERMSIG(self.wait_status)
+        else:
+            code = os.WEXITSTATUS(self.wait_status)
+            # bubblewrap reports a program killed by signal N as exit code 128 + N
+            if exit_signals_as_codes and 128 < code < 128 + signal.NSIG:
+                code, sig = None, code - 128
+        tail = "\n".join(self.stderr[-4000:].strip().splitlines()[-3:])
+        if self.killed_for is not None:
+            status = self.killed_for
+        elif sig is not None:
+            hit_cpu = sig == signal.SIGXCPU or (sig == signal.SIGKILL and self.cpu_s >= math.ceil(cpu_limit) - 0.05)
+            status = Status.TIMEOUT if hit_cpu else Status.MEMORY if _OOM.search(tail) else Status.CRASHED
+        elif code == 0:
+            status = Status.OK
+        else:
+            status = Status.MEMORY if _OOM.search(tail) else Status.FAILED
+        return Result(
+            status=status,
+            exit_code=code,
+            signal=sig,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            wall_s=self.wall_s,
+            cpu_s=self.cpu_s,
+            max_rss_mb=self.max_rss_mb,
+            truncated=self.truncated,
+            mode=self.mode,
+        )
+
+
+def _supervise(
+    proc: subprocess.Popen,
+    wall_s: float,
+    cap: int,
+    status_fd: int | None = None,
+    kill_extra: Callable[[], None] | None = None,
+) -> _Run:
+    """Read the program's output as it comes, kill it at the deadline or past the output
+    cap, and reap it with its resource usage.
+
+    With bubblewrap (`status_fd` is its --json-status-fd), a kill goes first to the
+    children of the namespace's PID 1 (the program), so that PID 1 reaps it and its CPU
+    time is still counted, then PID 1 exits and the kernel kills the rest of the
+    namespace; if bubblewrap has not exited a second later, its process group is killed.
+    """
+    run = _Run()
+    start = time.monotonic()
+    deadline = start + wall_s
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    if status_fd is not None:
+        os.set_blocking(status_fd, False)
+        sel.register(status_fd, selectors.EVENT_READ)
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ)
+    except (AttributeError, OSError):
+        pidfd = -1
+    open_fds = set(bufs)
+    child_pid: int | None = None
+    exited_at: float | None = None
+    killed_at: float | None = None
+    escalated = False
+
+    def kill(reason: Status | None) -> None:
+        nonlocal killed_at, escalated
+        if killed_at is None:
+            killed_at = time.monotonic()
+            run.killed_for = reason
+            if child_pid is not None:  # the program (and orphans) under the namespace's PID 1
+                for pid in _children(child_pid) or [child_pid]:
+                    _kill_pid(pid)
+            else:
+                _kill_group(proc.pid)
+                escalated = True
+        else:
+            _kill_group(proc.pid)
+            escalated = True
+        if kill_extra is not None:
+            kill_extra()
+
+    try:
+        while open_fds or exited_at is None:
+            now = time.monotonic()
+            if exited_at is None and pidfd < 0 and _has_exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > _GRACE_S:
+                break  # something that outlived the program still holds its pipes
+            if killed_at is None and now >= deadline:
+                kill(Status.TIMEOUT)
+            elif killed_at is not None and exited_at is None and not escalated and now - killed_at > 1.0:
+                kill(None)
+            elif killed_at is not None and now - killed_at > 10.0:
+                break
+            limit = (deadline - now) if killed_at is None else 0.1
+            if exited_at is not None:
+                limit = min(limit, exited_at + _GRACE_S - now)
+            if pidfd < 0:
+                limit = min(limit, 0.05)
+            for key, _ in sel.select(timeout=max(0.0, limit)):
+                fd = key.fd
+                if fd == pidfd:
+                    sel.unregister(pidfd)
+                    exited_at = time.monotonic()
+                    continue
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if fd == status_fd:
+                    run.status_json += chunk
+                    if not chunk:
+                        sel.unregister(fd)
+                    elif child_pid is None:
+                        m = re.search(rb'"child-pid": *(\d+)', run.status_json)
+                        child_pid = int(m.group(1)) if m else None
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                buf = bufs[fd]
+                room = cap - len(buf)
+                buf += chunk[: max(0, room)]
+                if len(chunk) > room:
+                    run.truncated = True
+                    if killed_at is None:
+                        kill(Status.OUTPUT_LIMIT)
+    finally:
+        sel.close()
+        if pidfd >= 0:
+            os.close(pidfd)
+    if exited_at is None:
+        kill(run.killed_for)
+        kill(run.killed_for)
+    _, status, usage = _wait4(proc)
+    run.wall_s = time.monotonic() - start
+    if status_fd is not None:
+        run.status_json += _read_available(status_fd)
+    run.wait_status = status
+    run.cpu_s = usage.ru_utime + usage.ru_stime
+    run.max_rss_mb = usage.ru_maxrss / 1024
+    run.stdout = bufs[out_fd].decode("utf-8", "replace")
+    run.stderr = bufs[err_fd].decode("utf-8", "replace")
+    proc.stdout.close()  # type: ignore[union-attr]
+    proc.stderr.close()  # type: ignore[union-attr]
+    return run
+
+
+def _wait4(proc: subprocess.Popen):
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, 0)
+        except InterruptedError:
+            continue
+        proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait again
+        return pid, status, usage
+
+
+def _has_exited(pid: int) -> bool:
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _read_available(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    out = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return bytes(out)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    """Live (not zombie) processes running as `uid`."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid and not _is_zombie(entry.name):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _is_zombie(pid: str) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process running as `uid` (a uid this sandbox owns), until none is left."""
+    for _ in range(200):
+        pids = _pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError as exc:
+                if exc.errno not in (errno.ESRCH, errno.EPERM):
+                    raise
+        time.sleep(0.005)
+    log.warning("sandbox: processes of uid %d survived 200 kill rounds", uid)
+
+
+def _count_own_processes() -> int:
+    return len(_pids_of_uid(os.getuid()))
