@@ -76,14 +76,8 @@ class Batch:
     def micro_batches(self, max_tokens: int) -> Iterator["Batch"]:
         """Split into micro-batches whose padded size (rows x longest row) stays within
         `max_tokens`. Rows are sorted by length first so little compute goes to padding."""
-        order = torch.argsort(self.seq_lens, descending=True, stable=True).tolist()
-        start = 0
-        while start < len(order):
-            longest = int(self.seq_lens[order[start]])
-            rows = max(1, max_tokens // max(longest, 1))
-            chunk = order[start:start + rows]
-            yield self.select(chunk)
-            start += len(chunk)
+        for idx in micro_batch_indices(self.seq_lens, max_tokens):
+            yield self.select(idx)
 
     def to(self, device: torch.device | str) -> "Batch":
         out = {}
@@ -94,6 +88,19 @@ class Batch:
             elif f.name == "reward_components":
                 out[f.name] = {k: t.to(device) for k, t in v.items()}
         return replace(self, **out)
+
+
+def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int) -> list[list[int]]:
+    """Row indices of each micro-batch: rows sorted longest first, packed greedily so that
+    rows x longest row <= max_tokens (a single longer row still gets its own micro-batch)."""
+    order = torch.argsort(seq_lens, descending=True, stable=True).tolist()
+    chunks, start = [], 0
+    while start < len(order):
+        longest = int(seq_lens[order[start]])
+        rows = max(1, max_tokens // max(longest, 1))
+        chunks.append(order[start:start + rows])
+        start += rows
+    return chunks
 
 
 def concat(batches: Sequence[Batch], pad_id: int) -> Batch:

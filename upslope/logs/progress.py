@@ -48,3 +48,33 @@ def summary_table(title: str, rows: dict[str, Any]) -> Table:
             v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     return table
+
+
+class _StepDisplay:
+    def __init__(self, progress: Progress | None, task: Any):
+        self.progress, self.task = progress, task
+
+    def update(self, step: int, m: dict[str, Any]) -> None:
+        line = (f"step {step}: reward {m.get('reward/mean', 0):.3f} acc {m.get('accuracy', 0):.3f} "
+                f"len {m.get('length/mean', 0):.1f} loss {m.get('loss', 0):+.4f} ent {m.get('entropy', 0):.3f} "
+                f"kl {m.get('kl', 0):.4f} mismatch {m.get('mismatch', 0):.4f} | {m.get('time/step', 0):.1f}s "
+                f"(roll {m.get('time/rollout', 0):.1f} rew {m.get('time/reward', 0):.2f} "
+                f"learn {m.get('time/learner', 0):.1f} sync {m.get('time/sync', 0):.2f})")
+        console.print(line, highlight=False)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, reward=m.get("reward/mean", 0.0),
+                                 acc=m.get("accuracy", 0.0))
+
+
+@contextlib.contextmanager
+def step_display(total: int, start: int = 0, enabled: bool = True) -> Iterator[_StepDisplay]:
+    """Live training progress: a bar with reward and accuracy, plus one line per step."""
+    if not enabled or not sys.stderr.isatty():
+        yield _StepDisplay(None, None)
+        return
+    columns = [TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("reward {task.fields[reward]:.3f} acc {task.fields[acc]:.3f}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=total, completed=start, reward=0.0, acc=0.0)
+        yield _StepDisplay(progress, task)

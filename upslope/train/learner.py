@@ -1,0 +1,131 @@
+"""The learner: policy (and optional frozen reference), optimiser, and one update over a
+rollout batch, in micro-batches bounded by a token budget."""
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import Any, Iterator
+
+import torch
+
+from upslope.algos.aggregate import aggregate, loss_normalizers
+from upslope.batch import Batch, micro_batch_indices
+from upslope.config import Config
+from upslope.models import load_model
+from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
+from upslope.train.logprobs import token_logprobs
+from upslope.train.optim import make_optimizer, make_scheduler
+
+
+class Learner:
+    def __init__(self, cfg: Config, model_path: str, device: str | None = None):
+        self.cfg = cfg
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = load_model(model_path, cfg.model.dtype, cfg.model.trust_remote_code).to(self.device)
+        self.model.config.use_cache = False
+        if cfg.train.grad_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        self.ref = None
+        if cfg.algo.kl_coef > 0:  # no reference model at all unless KL is used
+            self.ref = load_model(model_path, cfg.model.dtype).to(self.device).eval()
+            self.ref.requires_grad_(False)
+            self.kl_fn = KL_ESTIMATORS.bind(cfg.algo.kl_estimator, where="algo.kl_estimator")
+        self.policy_loss = POLICY_LOSSES.bind(cfg.algo.policy_loss.name, cfg.algo.policy_loss.options,
+                                              where="algo.policy_loss.options")
+        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
+        total = cfg.train.steps * cfg.train.updates_per_batch * cfg.train.epochs_per_batch
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, total)
+        self.temperature = cfg.rollout.temperature or 1.0
+
+    # ------------------------------------------------------------------ forward passes
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        enabled = self.cfg.train.precision == "bfloat16" and self.cfg.model.dtype == "float32"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        mb = mb.to(self.device)
+        with self.autocast():
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                                  chunk_rows=self.cfg.train.logprob_chunk, temperature=self.temperature)
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        """[N, L] log-probs of the batch's trained tokens under the policy (or reference)."""
+        model = self.ref if reference else self.model
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx in micro_batch_indices(batch.seq_lens, self.cfg.train.micro_batch_tokens):
+            mb = batch.select(idx)
+            lp, _ = self._forward(model, mb)
+            out[torch.as_tensor(idx), : lp.shape[1]] = lp.cpu()
+        return out
+
+    # ------------------------------------------------------------------ update
+
+    def mini_batches(self, batch: Batch, step: int) -> Iterator[Batch]:
+        """The batch split into `updates_per_batch` mini-batches, for each epoch; whole groups
+        stay together when the split allows."""
+        t = self.cfg.train
+        gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
+        for _ in range(t.epochs_per_batch):
+            groups = batch.group_ids.unique()
+            groups = groups[torch.randperm(len(groups), generator=gen)] if t.updates_per_batch > 1 else groups
+            for part in torch.tensor_split(groups, min(t.updates_per_batch, len(groups))):
+                rows = torch.nonzero(torch.isin(batch.group_ids, part)).flatten()
+                yield batch.select(rows)
+
+    def train_step(self, batch: Batch, step: int) -> dict[str, float]:
+        """Update the policy on one rollout batch (advantages set). Old log-probs cost a
+        forward pass only when there is more than one optimiser step per batch."""
+        t, algo = self.cfg.train, self.cfg.algo
+        if t.updates_per_batch * t.epochs_per_batch > 1 and batch.old_logprobs is None:
+            batch.old_logprobs = self.logprobs(batch)
+        sums: dict[str, float] = defaultdict(float)
+        constant = algo.loss_agg_constant or float(self.cfg.rollout.max_new_tokens)
+        kl_in_loss = self.ref is not None and algo.kl_in == "loss"
+        for mini in self.mini_batches(batch, step):
+            norms = loss_normalizers(mini.loss_mask)
+            for idx in micro_batch_indices(mini.seq_lens, t.micro_batch_tokens):
+                mb = mini.select(idx).to(self.device)
+                lp, ent = self._forward(self.model, mb)
+                mask = mb.loss_mask
+                old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+                per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
+                if kl_in_loss:
+                    kl = self.kl_fn(lp, mb.ref_logprobs)
+                    per_token = per_token + algo.kl_coef * kl
+                    sums["kl"] += float((kl.detach() * mask).sum())
+                loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
+                                 num_seqs=norms["num_seqs"], constant=constant)
+                loss.backward()
+                ntok = float(mask.sum())
+                sums["tokens"] += ntok
+                sums["loss"] += float(loss.detach())
+                sums["entropy"] += float((ent * mask).sum())
+                if batch.old_logprobs is None:  # one pass: this forward is the policy that was sampled
+                    sums["mismatch"] += float(((lp.detach() - mb.sampler_logprobs).abs() * mask).sum())
+                for k, v in metrics.items():
+                    sums[k] += float(v) * ntok
+            clip = self.cfg.optim.grad_clip
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+            sums["grad_norm"] += float(norm)
+            sums["updates"] += 1
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        tokens = max(sums.pop("tokens"), 1.0)
+        updates = sums.pop("updates")
+        out = {"loss": sums.pop("loss") / updates, "grad_norm": sums.pop("grad_norm") / updates,
+               "lr": self.scheduler.get_last_lr()[0]}
+        for k, v in sums.items():
+            out[k] = v / tokens
+        if batch.old_logprobs is not None:
+            m = batch.loss_mask
+            out["mismatch"] = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum() / m.sum().clamp(min=1))
+        return out
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's parameters by HF name, for pushing into the rollout engine."""
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()

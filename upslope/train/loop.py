@@ -1,0 +1,226 @@
+"""The training loop: sample -> rollout -> reward -> filter -> advantage -> update -> sync.
+
+Each stage is a function in `upslope.train.stages` or a method of the Learner; this file
+only wires them together, times them, logs, evaluates and checkpoints.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from upslope import checkpoint as ckpt
+from upslope.batch import Batch, concat
+from upslope.config import Config, dump
+from upslope.data import load_examples
+from upslope.data.prompts import encode_prompts
+from upslope.data.samplers import UniformSampler
+from upslope.errors import ConfigError
+from upslope.eval.runner import eval_data_config, evaluate
+from upslope.logs.plot import plot_run
+from upslope.logs.progress import console, step_display
+from upslope.logs.sinks import MetricsLogger, read_metrics
+from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS
+from upslope.rewards import build_reward_fns
+from upslope.rollout.base import SamplingParams
+from upslope.runtime import Runtime
+from upslope.train import stages
+from upslope.train.learner import Learner
+
+GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
+
+
+def seed_step(seed: int, step: int) -> int:
+    """Seed every RNG from (seed, step), so a resumed run repeats the same randomness."""
+    s = (seed * 1_000_003 + step * 7_919) % (2**31)
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+    return s
+
+
+def check_config(cfg: Config) -> None:
+    if cfg.algo.advantage.name in GROUP_ADVANTAGES and cfg.rollout.n < 2:
+        raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
+                          f"within a group, so it needs rollout.n >= 2")
+    if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
+        raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
+                          f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
+
+
+class Trainer:
+    """Holds a run's parts; `run()` is the loop."""
+
+    def __init__(self, cfg: Config):
+        check_config(cfg)
+        self.cfg = cfg
+        t = cfg.train
+        torch.set_num_threads(t.threads or os.cpu_count() or 1)
+        torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
+        seed_step(t.seed, 0)
+        self.run_dir = Path(cfg.run_dir)
+        self.runtime = Runtime.create(cfg, announce=lambda m: console.print(f"[dim]{m}[/dim]"))
+        tok = self.runtime.tokenizer
+        examples = load_examples(cfg.data, "train")
+        self.prompt_ids, kept = encode_prompts(examples, tok, system_prompt=cfg.data.system_prompt,
+                                               use_chat_template=cfg.model.use_chat_template,
+                                               max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+                                               drop_long=cfg.rollout.drop_long_prompts)
+        self.examples = [examples[i] for i in kept]
+        if len(kept) < len(examples):
+            console.print(f"[yellow]dropped {len(examples) - len(kept)} prompts over rollout.max_prompt_tokens[/]")
+        self.eval_examples = load_examples(eval_data_config(cfg), "test")
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
+        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                              where="algo.reward_combiner.options")
+        self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
+                                            where="algo.advantage.options")
+        self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
+                        for i, f in enumerate(cfg.algo.filters)]
+        self.sampler = UniformSampler(len(self.examples), seed=t.seed, shuffle=cfg.data.shuffle)
+        self.learner = Learner(cfg, self.runtime.model_path)
+        self.start_step = 0
+        if t.resume:
+            self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
+        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
+
+    # ------------------------------------------------------------------ stages wired
+
+    def sampling(self, step: int, round_: int) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_new_tokens=r.max_new_tokens, seed=seed_step(self.cfg.train.seed, step) + round_,
+                              stop_token_ids=self.runtime.stop_ids)
+
+    def collect(self, step: int) -> tuple[Batch, dict[str, Any]]:
+        """Rollout + reward + filter; with filters, draw more prompts until the batch is full
+        (at most rollout.max_resample_rounds extra rounds)."""
+        r = self.cfg.rollout
+        kept: list[Batch] = []
+        seen: list[Batch] = []
+        metrics: dict[str, Any] = {}
+        drawn = groups = 0
+        for round_ in range(r.max_resample_rounds + 1):
+            idx = self.sampler.next(r.prompts_per_step - groups if round_ else r.prompts_per_step)
+            t0 = time.perf_counter()
+            b = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx],
+                               [self.examples[i] for i in idx], self.sampling(step, round_),
+                               self.runtime.tokenizer.pad_token_id, group_offset=drawn)
+            t1 = time.perf_counter()
+            b, m = stages.reward(b, self.reward_fns, self.combiner, self.cfg.reward_fallback)
+            t2 = time.perf_counter()
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+            metrics["time/rollout"] = metrics.get("time/rollout", 0.0) + t1 - t0
+            metrics["time/reward"] = metrics.get("time/reward", 0.0) + t2 - t1
+            drawn += len(idx)
+            seen.append(b)
+            b = stages.apply_filters(b, self.filters)
+            if b.size:
+                kept.append(b)
+                groups += b.num_groups
+            if not self.filters or groups >= r.prompts_per_step:
+                break
+        pad = self.runtime.tokenizer.pad_token_id
+        everything = concat(seen, pad)
+        metrics.update(stages.rollout_metrics(everything))
+        metrics["rollout/generated_tokens"] = float(everything.completion_lens.sum())
+        metrics["rollout/prompts_drawn"] = float(drawn)
+        batch = concat(kept, pad) if kept else everything.select([])
+        if batch.size and batch.num_groups > r.prompts_per_step:
+            first = batch.group_ids.unique()[: r.prompts_per_step]
+            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
+        metrics["rollout/groups_kept"] = float(batch.num_groups) if batch.size else 0.0
+        return batch, metrics
+
+    def step(self, step: int) -> dict[str, Any]:
+        seed_step(self.cfg.train.seed, step)
+        t0 = time.perf_counter()
+        batch, metrics = self.collect(step)
+        if batch.size == 0:
+            metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
+            return metrics
+        t1 = time.perf_counter()
+        if self.learner.ref is not None:
+            batch.ref_logprobs = self.learner.logprobs(batch, reference=True)
+        batch = stages.advantage(batch, self.advantage_fn)
+        adv = stages.rollout_metrics(batch)
+        metrics.update({k: v for k, v in adv.items() if k.startswith("adv/")})
+        metrics.update(self.learner.train_step(batch, step))
+        t2 = time.perf_counter()
+        self.runtime.engine.update_weights(self.learner.named_weights())
+        t3 = time.perf_counter()
+        metrics.update({"time/learner": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0})
+        metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(metrics["time/rollout"], 1e-9)
+        metrics["learner/tokens_per_s"] = float(batch.seq_lens.sum()) / max(t2 - t1, 1e-9)
+        return metrics
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict[str, Any]:
+        cfg, t = self.cfg, self.cfg.train
+        engine = self.runtime.engine
+        if self.start_step:
+            engine.update_weights(self.learner.named_weights())
+        results: dict[str, Any] = {}
+        if t.eval_before and self.start_step == 0:
+            results["before"] = self.evaluate(0)
+        with step_display(t.steps, self.start_step, enabled=cfg.log.progress) as display:
+            for step in range(self.start_step + 1, t.steps + 1):
+                metrics = self.step(step)
+                self.logger.log(step, metrics)
+                display.update(step, metrics)
+                if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+                    self.evaluate(step)
+                if (t.save_every and step % t.save_every == 0) or step == t.steps:
+                    self.save(step)
+        if t.eval_after:
+            results["after"] = self.evaluate(t.steps)
+        self.logger.close()
+        self.finish(results)
+        return results
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
+                           show_progress=self.cfg.log.progress)
+        self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        console.print(f"[bold]eval @ step {step}[/]: accuracy {summary['accuracy']:.3f} "
+                      f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
+        return summary
+
+    def save(self, step: int) -> Path:
+        state = {"step": step, "optimizer": self.learner.optimizer.state_dict(),
+                 "scheduler": self.learner.scheduler.state_dict(), "rng": ckpt.rng_state(),
+                 "sampler": self.sampler.state_dict(), "engine_version": self.runtime.engine.version}
+        return ckpt.save_checkpoint(self.run_dir / "checkpoints", step, self.learner.model, self.runtime.tokenizer,
+                                    state, dump(self.cfg), self.cfg.train.keep_last)
+
+    def _resume(self, path: Path) -> None:
+        state = ckpt.load_trainer_state(path)
+        ckpt.load_model_weights(self.learner.model, path)
+        self.learner.optimizer.load_state_dict(state["optimizer"])
+        self.learner.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        ckpt.set_rng_state(state["rng"])
+        self.start_step = int(state["step"])
+        console.print(f"resumed from {path} at step {self.start_step}")
+
+    def finish(self, results: dict[str, Any]) -> None:
+        records = read_metrics(self.logger.path) if self.logger.jsonl else []
+        png = plot_run(records, self.run_dir / "reward.png", title=f"{self.cfg.algo.advantage.name} on "
+                       f"{self.cfg.data.path or self.cfg.data.task}") if self.cfg.log.plot and records else None
+        if "before" in results or "after" in results:
+            before = results.get("before", {}).get("accuracy")
+            after = results.get("after", {}).get("accuracy")
+            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            console.print(f"[bold green]held-out accuracy: before {fmt(before)} -> after {fmt(after)}[/]")
+        console.print(f"[dim]run directory: {self.run_dir}"
+                      + (f"; plot: {png}" if png else "") + "[/dim]")
+
+    def close(self) -> None:
+        self.runtime.close()

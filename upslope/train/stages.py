@@ -1,0 +1,88 @@
+"""The stages of one training step, each a plain function over the Batch:
+rollout -> reward -> filter -> advantage. (The update and weight sync live in the learner.)"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from upslope.batch import Batch, build_batch
+from upslope.data.types import Example
+from upslope.rewards import RewardFn, score
+from upslope.rollout.base import Engine, SamplingParams
+
+
+def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
+            pad_id: int, group_offset: int = 0) -> Batch:
+    """n completions per prompt through the engine, as a Batch (one group per prompt)."""
+    groups = engine.generate(list(prompt_ids), params)
+    p_ids, c_ids, c_lps, gids, trunc, meta = [], [], [], [], [], []
+    for g, (prompt, ex, comps) in enumerate(zip(prompt_ids, examples, groups)):
+        for c in comps:
+            p_ids.append(prompt)
+            c_ids.append(c.token_ids)
+            c_lps.append(c.logprobs)
+            gids.append(group_offset + g)
+            trunc.append(c.truncated)
+            meta.append({**ex.meta, "answer": ex.answer, "completion": c.text, "example_id": ex.id,
+                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens})
+    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, engine.version, meta)
+
+
+def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
+           fallback: float) -> tuple[Batch, dict[str, float]]:
+    """Score each completion with every reward; set named components and the combined reward."""
+    texts = [m["completion"] for m in batch.meta]
+    answers = [m["answer"] for m in batch.meta]
+    result = score(reward_fns, texts, answers, batch.meta, fallback)
+    batch.reward_components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
+    batch.rewards = combiner(batch.reward_components, batch.group_ids, weights=result.weights).float()
+    metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
+    return batch, metrics
+
+
+def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor]]) -> Batch:
+    """Keep the samples every filter keeps (filters keep or drop whole groups)."""
+    keep = torch.ones(batch.size, dtype=torch.bool)
+    for f in filters:
+        keep &= f(batch)
+    return batch if bool(keep.all()) else batch.select(torch.nonzero(keep).flatten())
+
+
+def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
+    batch.advantages = fn(batch).float() * batch.loss_mask
+    return batch
+
+
+def zero_variance_fraction(batch: Batch) -> float:
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
+    assert batch.rewards is not None
+    flat = 0
+    groups = batch.group_ids.unique()
+    for g in groups:
+        r = batch.rewards[batch.group_ids == g]
+        flat += int(bool((r == r[0]).all()))
+    return flat / max(len(groups), 1)
+
+
+def rollout_metrics(batch: Batch) -> dict[str, Any]:
+    lens = batch.completion_lens.float()
+    out: dict[str, Any] = {
+        "reward/mean": float(batch.rewards.mean()) if batch.rewards is not None else 0.0,
+        "reward/std": float(batch.rewards.std()) if batch.rewards is not None and batch.size > 1 else 0.0,
+        "length/mean": float(lens.mean()),
+        "length/max": float(lens.max()),
+        "length/truncated_frac": float(batch.truncated.float().mean()),
+        "groups/zero_variance_frac": zero_variance_fraction(batch),
+    }
+    for i, (name, v) in enumerate(batch.reward_components.items()):
+        out[f"reward/{name}"] = float(v.mean())
+        if i == 0:  # the first component decides correctness, as in evaluation
+            out["accuracy"] = float((v >= 0.5).float().mean())
+    if batch.advantages is not None:
+        m = batch.loss_mask > 0
+        adv = batch.advantages[m]
+        if adv.numel():
+            out.update({"adv/mean": float(adv.mean()), "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+                        "adv/min": float(adv.min()), "adv/max": float(adv.max())})
+    return out
