@@ -1,0 +1,48 @@
+"""The pool under load: hundreds of short programs, mixed outcomes, nothing leaked."""
+import time
+from collections import Counter
+
+from sandbox_helpers import needs_bwrap, pids_with_uid_in
+
+from upslope.sandbox import Job, SandboxConfig, SandboxPool, Status
+
+pytestmark = needs_bwrap
+
+
+def test_500_programs_with_passes_failures_and_timeouts():
+    jobs, expected = [], []
+    for i in range(500):
+        kind = i % 25
+        if kind == 0:  # 20 hangs, cut at half a second
+            jobs.append(Job(code=f"import time\ntime.sleep(60)  # {i}", timeout_s=0.5))
+            expected.append((Status.TIMEOUT, ""))
+        elif kind % 3 == 0:  # failures with their own exit codes
+            jobs.append(Job(code=f"print({i})\nraise SystemExit({i % 7 + 1})"))
+            expected.append((Status.FAILED, f"{i}\n"))
+        else:
+            jobs.append(Job(code=f"import sys\nprint(int(sys.stdin.read()) * 2)", stdin=str(i)))
+            expected.append((Status.OK, f"{2 * i}\n"))
+    with SandboxPool(SandboxConfig(timeout_s=10)) as pool:
+        start = time.monotonic()
+        results = pool.run_many(jobs)
+        elapsed = time.monotonic() - start
+        uids = pool.sandbox.uid_range
+    assert [(r.status, r.stdout) for r in results] == expected
+    for job, r in zip(jobs, results):
+        if r.status is Status.FAILED:
+            assert r.exit_code == int(job.code.split("SystemExit(")[1].split(")")[0])
+    counts = Counter(r.status for r in results)
+    assert counts == {Status.OK: 320, Status.FAILED: 160, Status.TIMEOUT: 20}
+    assert pids_with_uid_in(uids) == []
+    print(f"500 programs in {elapsed:.1f} s ({500 / elapsed:.0f}/s) with {pool.workers} workers")
+
+
+def test_a_hung_program_does_not_stall_the_batch():
+    """With one worker busy on a hang, the other keeps serving; the batch ends at the hang's limit."""
+    with SandboxPool(SandboxConfig(timeout_s=2), workers=2) as pool:
+        start = time.monotonic()
+        results = pool.run_many([Job(code="while True: pass")] + [Job(code=f"print({i})") for i in range(20)])
+        elapsed = time.monotonic() - start
+    assert results[0].status is Status.TIMEOUT
+    assert all(r.status is Status.OK for r in results[1:])
+    assert elapsed < 8

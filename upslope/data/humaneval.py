@@ -1,0 +1,90 @@
+"""HumanEval (Chen et al., 2021): 164 Python functions to complete, scored by their unit tests.
+
+Each record gives the function's signature and docstring (`prompt`), a reference body
+(`canonical_solution`), a `test` block defining `check(candidate)`, and the `entry_point`.
+The `code` reward runs prompt + completion + test + `check(entry_point)` in the sandbox.
+"""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+from upslope.data.types import Example
+from upslope.errors import DataError
+from upslope.registry import TASKS
+
+# The shared copy beside the repository: <repo>/../shared/data/humaneval/HumanEval.jsonl.gz
+DEFAULT_PATH = str(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz")
+_FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
+
+INSTRUCTION = (
+    "Complete the following Python function. Reply with the complete function "
+    "(signature included) in a single ```python code block.\n\n```python\n{prompt}```"
+)
+
+
+def _resolve(path: str) -> Path:
+    p = Path(os.path.expanduser(path))
+    if p.is_dir():
+        for name in ("HumanEval.jsonl.gz", "HumanEval.jsonl"):
+            if (p / name).is_file():
+                return p / name
+        raise DataError(f"{p}: no HumanEval.jsonl.gz or HumanEval.jsonl in this directory")
+    if not p.is_file():
+        raise DataError(f"{p}: HumanEval file not found")
+    return p
+
+
+def load_humaneval(path: str = DEFAULT_PATH, limit: int | None = None) -> list[Example]:
+    """Read HumanEval from a .jsonl or .jsonl.gz file (or a directory holding one).
+
+    Each Example: a chat prompt asking for the completed function, answer None, and meta
+    with `test`, `entry_point`, `code_prefix` (the original prompt, so that a completion
+    giving only the body still runs), `task_id` and `canonical_solution`.
+    """
+    file = _resolve(path)
+    opener = gzip.open if file.suffix == ".gz" else open
+    out: list[Example] = []
+    try:
+        with opener(file, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if limit is not None and len(out) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{file}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                missing = [k for k in _FIELDS if not isinstance(row.get(k), str)]
+                if missing:
+                    raise DataError(f"{file}:{lineno}: missing or non-string field(s) {', '.join(missing)}")
+                out.append(_example(row))
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise DataError(f"{file}: cannot read ({exc})") from None
+    return out
+
+
+def _example(row: dict) -> Example:
+    prompt = row["prompt"]
+    return Example(
+        prompt=[{"role": "user", "content": INSTRUCTION.format(prompt=prompt)}],
+        answer=None,
+        meta={
+            "task_id": row["task_id"],
+            "entry_point": row["entry_point"],
+            "code_prefix": prompt,
+            "test": row["test"],
+            "canonical_solution": row["canonical_solution"],
+        },
+        id=row["task_id"],
+    )
+
+
+@TASKS.register("humaneval", reward="code")
+def humaneval(*, path: str = DEFAULT_PATH, limit: int | None = None) -> list[Example]:
+    """HumanEval: complete 164 Python functions; scored by running their unit tests (reward `code`)."""
+    return load_humaneval(path, limit)
