@@ -29,7 +29,10 @@ class Entry(Generic[F]):
 
     def options(self) -> dict[str, inspect.Parameter]:
         """Keyword-only parameters of the plugin: its configurable options."""
-        sig = inspect.signature(self.fn)
+        try:  # evaluate string annotations (`from __future__ import annotations`) so bind can check types
+            sig = inspect.signature(self.fn, eval_str=True)
+        except Exception:  # an annotation that cannot be evaluated: that option's type goes unchecked
+            sig = inspect.signature(self.fn)
         return {n: p for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
