@@ -39,12 +39,15 @@ class HFEngine(Engine):
             ids[i, width - len(p):] = torch.as_tensor(p)
             attn[i, width - len(p):] = 1
         greedy = params.temperature == 0
+        n_return = params.n
+        if greedy and params.n > 1:  # HF refuses num_return_sequences > 1 without sampling: repeat the rows
+            ids, attn, n_return = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0), 1
         stops = params.stop_token_ids or [self.tokenizer.eos_token_id]
         out = self.model.generate(
             input_ids=ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
             do_sample=not greedy, temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p, top_k=(params.top_k or None) if not greedy else None,
-            num_return_sequences=params.n, eos_token_id=stops, pad_token_id=self.pad_id,
+            num_return_sequences=n_return, eos_token_id=stops, pad_token_id=self.pad_id,
             output_scores=True, return_dict_in_generate=True,
         )
         new = out.sequences[:, width:]
