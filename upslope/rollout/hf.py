@@ -67,7 +67,7 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too (lm_head)
         for name, tensor in named_tensors:
             params[name].copy_(tensor)
         self.version += 1
