@@ -23,6 +23,9 @@ for _mod in ("upslope.rewards.length", "upslope.rewards.code"):
             raise
 
 
+_FAILED = object()  # marks a sample whose reward raised (already counted)
+
+
 @dataclass
 class RewardFn:
     name: str
@@ -110,9 +113,9 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
                 except Exception as exc:
                     failures[rf.name] = failures.get(rf.name, 0) + 1
                     errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
-                    values.append(None)
+                    values.append(_FAILED)
         for i, v in enumerate(values):
-            if v is None:
+            if v is _FAILED:
                 comps.setdefault(rf.name, [fallback] * n)
                 weights[rf.name] = rf.weight
                 continue
