@@ -63,4 +63,6 @@ def math_reward(completion: str, answer: Any, meta: dict, *, timeout_s: int = 5)
 
 
 def _as_latex(answer: str) -> str:
-    return answer if answer.startswith("$") or "\\" in answer else f"${answer}$"
+    """math-verify extracts LaTeX only inside $...$ or \\boxed{}: a bare reference such as
+    \\sqrt{2} or \\left( 3, \\frac{\\pi}{2} \\right) would parse to nothing or to a wrong part."""
+    return answer if answer.strip().startswith("$") else f"${answer}$"
