@@ -103,6 +103,39 @@ def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int) -> list[list[in
     return chunks
 
 
+def group_micro_batch_indices(prompt_lens: torch.Tensor, seq_lens: torch.Tensor, group_ids: torch.Tensor,
+                              max_tokens: int) -> list[list[int]]:
+    """Micro-batches of whole groups for the shared-prompt forward, whose cost
+    (groups x longest prompt + rows x longest completion) stays within `max_tokens`;
+    a group too large for the budget is split into parts."""
+    comp = seq_lens - prompt_lens
+    groups = sorted(group_ids.unique().tolist(), key=lambda g: -int(seq_lens[group_ids == g].max()))
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    cur_groups, pmax, cmax = 0, 0, 0
+
+    def cost(ng: int, rows: int, p: int, c: int) -> int:
+        return ng * p + rows * c
+
+    for g in groups:
+        rows = torch.nonzero(group_ids == g).flatten().tolist()
+        gp, gc = int(prompt_lens[rows[0]]), int(comp[rows].max())
+        if cur and cost(cur_groups + 1, len(cur) + len(rows), max(pmax, gp), max(cmax, gc)) > max_tokens:
+            chunks.append(cur)
+            cur, cur_groups, pmax, cmax = [], 0, 0, 0
+        if cost(1, len(rows), gp, gc) > max_tokens:  # split an oversized group
+            per = max(1, (max_tokens - gp) // max(gc, 1))
+            for s in range(0, len(rows), per):
+                chunks.append(rows[s:s + per])
+            continue
+        cur += rows
+        cur_groups += 1
+        pmax, cmax = max(pmax, gp), max(cmax, gc)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
 def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
     """Join batches (e.g. from several rollout rounds of dynamic sampling); group ids are kept."""
     if len(batches) == 1:

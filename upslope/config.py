@@ -95,7 +95,6 @@ class AlgoConfig(Section):
     kl_in: Literal["loss", "reward"] = opt("loss", "apply KL as a loss term or fold it into token rewards")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine")
-    entropy_coef: float = opt(0.0, "weight of an entropy bonus in the loss")
 
 
 class OptimConfig(Section):
@@ -118,6 +117,7 @@ class TrainConfig(Section):
     logprob_chunk: int = opt(1024, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
     precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (bf16 autocast)")
     grad_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
     threads: int = opt(0, "torch threads for the learner (0: all cores)", ge=0)
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
@@ -127,6 +127,7 @@ class TrainConfig(Section):
     save_every: int = opt(0, "checkpoint every N steps (0: only at the end)", ge=0)
     keep_last: int = opt(2, "checkpoints kept", ge=1)
     resume: str | None = opt(None, "'latest' or a checkpoint directory to resume from")
+    stop_after: int | None = opt(None, "stop (with a checkpoint) after this many steps in this invocation", ge=1)
 
 
 class EvalConfig(Section):

@@ -27,7 +27,7 @@ def _cpu_only() -> bool:
 def configure_vllm_env(kv_cache_gb: float) -> None:
     """Environment vLLM reads at import/start; set only what the user has not set."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
         cores = os.cpu_count() or 1
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 
+from upslope.sandbox import seccomp
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -166,6 +167,7 @@ class Sandbox:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._static = self._bwrap_static_args() if self.mode == "bwrap" else []
+        self._seccomp = seccomp.build_filter() if self.mode == "bwrap" and seccomp.supported() else None
 
     def _weak_problem(self) -> str | None:
         needed = ["prlimit"] + (["setpriv"] if self.root else [])
@@ -319,6 +321,10 @@ class Sandbox:
                 fd = _memfd(content)
                 fds.append(fd)
                 file_args += ["--perms", "0666", "--file", str(fd), f"{WORK_DIR}/{name}"]
+            if self._seccomp is not None:
+                fd = _memfd(self._seccomp)
+                fds.append(fd)
+                file_args += ["--seccomp", str(fd)]
             status_r, status_w = os.pipe()
             fds += [status_r, status_w]
             argv = [

@@ -9,11 +9,11 @@ from typing import Any, Iterator
 import torch
 
 from upslope.algos.aggregate import aggregate, loss_normalizers
-from upslope.batch import Batch, micro_batch_indices
+from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config
 from upslope.models import load_model
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
-from upslope.train.logprobs import token_logprobs
+from upslope.train.logprobs import same_prompt_within_groups, token_logprobs, token_logprobs_shared_prompt
 from upslope.train.optim import make_optimizer, make_scheduler
 
 
@@ -22,7 +22,7 @@ class Learner:
         self.cfg = cfg
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = load_model(model_path, cfg.model.dtype, cfg.model.trust_remote_code).to(self.device)
-        self.model.config.use_cache = False
+        self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if cfg.train.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -44,18 +44,35 @@ class Learner:
         enabled = self.cfg.train.precision == "bfloat16" and self.cfg.model.dtype == "float32"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
+    @property
+    def share_prompt(self) -> bool:
+        """Forward each group's prompt once (KV cache shared by its completions)? Not with
+        gradient checkpointing, which disables HF's cache."""
+        return self.cfg.train.share_prompt and not self.cfg.train.grad_checkpointing
+
+    def micro_batches(self, batch: Batch) -> list[list[int]]:
+        budget = self.cfg.train.micro_batch_tokens
+        if self.share_prompt:
+            return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget)
+        return micro_batch_indices(batch.seq_lens, budget)
+
     def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         mb = mb.to(self.device)
+        chunk = self.cfg.train.logprob_chunk
         with self.autocast():
-            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  chunk_rows=self.cfg.train.logprob_chunk, temperature=self.temperature)
+            if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
+                return token_logprobs_shared_prompt(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                                                    mb.prompt_lens, mb.seq_lens, mb.group_ids, chunk_rows=chunk,
+                                                    temperature=self.temperature)
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, chunk_rows=chunk,
+                                  temperature=self.temperature)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         """[N, L] log-probs of the batch's trained tokens under the policy (or reference)."""
         model = self.ref if reference else self.model
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in micro_batch_indices(batch.seq_lens, self.cfg.train.micro_batch_tokens):
+        for idx in self.micro_batches(batch):
             mb = batch.select(idx)
             lp, _ = self._forward(model, mb)
             out[torch.as_tensor(idx), : lp.shape[1]] = lp.cpu()
@@ -86,7 +103,7 @@ class Learner:
         kl_in_loss = self.ref is not None and algo.kl_in == "loss"
         for mini in self.mini_batches(batch, step):
             norms = loss_normalizers(mini.loss_mask)
-            for idx in micro_batch_indices(mini.seq_lens, t.micro_batch_tokens):
+            for idx in self.micro_batches(mini):
                 mb = mini.select(idx).to(self.device)
                 lp, ent = self._forward(self.model, mb)
                 mask = mb.loss_mask

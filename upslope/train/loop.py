@@ -170,16 +170,19 @@ class Trainer:
         results: dict[str, Any] = {}
         if t.eval_before and self.start_step == 0:
             results["before"] = self.evaluate(0)
+        last = min(t.steps, self.start_step + t.stop_after) if t.stop_after else t.steps
         with step_display(t.steps, self.start_step, enabled=cfg.log.progress) as display:
-            for step in range(self.start_step + 1, t.steps + 1):
+            for step in range(self.start_step + 1, last + 1):
                 metrics = self.step(step)
                 self.logger.log(step, metrics)
                 display.update(step, metrics)
                 if t.eval_every and step % t.eval_every == 0 and step != t.steps:
                     self.evaluate(step)
-                if (t.save_every and step % t.save_every == 0) or step == t.steps:
+                if (t.save_every and step % t.save_every == 0) or step == last:
                     self.save(step)
-        if t.eval_after:
+        if last < t.steps:
+            console.print(f"stopped after step {last} (train.stop_after); resume with train.resume=latest")
+        elif t.eval_after:
             results["after"] = self.evaluate(t.steps)
         self.logger.close()
         self.finish(results)

@@ -8,6 +8,7 @@ import torch
 
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
+from upslope.errors import UpslopeError
 from upslope.rewards import RewardFn, score
 from upslope.rollout.base import Engine, SamplingParams
 
@@ -37,6 +38,10 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
     result = score(reward_fns, texts, answers, batch.meta, fallback)
     batch.reward_components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
     batch.rewards = combiner(batch.reward_components, batch.group_ids, weights=result.weights).float()
+    for name, count in result.failures.items():
+        if count == batch.size and batch.size > 1:
+            raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
+                               f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
     return batch, metrics
 

@@ -1,0 +1,87 @@
+"""Measure the sandbox: per-run overhead of a trivial program, and HumanEval throughput.
+
+    python -m upslope.sandbox.bench [--runs 50] [--humaneval PATH] [--python-args=-S]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, default_workers
+
+
+def overhead_ms(config: SandboxConfig, runs: int, weak: bool = False) -> tuple[float, float]:
+    """Median and 90th-percentile wall time (ms) of `pass`, one run at a time."""
+    sb = Sandbox(config, weak=weak)
+    if not sb.mode:
+        raise SystemExit(f"sandbox unavailable: {sb.problem}")
+    sb.run(Job(code="pass"))  # warm the page cache
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        res = sb.run(Job(code="pass"))
+        times.append((time.perf_counter() - t) * 1000)
+        assert res.status is Status.OK, res
+    times.sort()
+    return statistics.median(times), times[int(0.9 * (len(times) - 1))]
+
+
+def bare_ms(config: SandboxConfig, runs: int) -> float:
+    """Median wall time (ms) of the same interpreter running `pass` with no sandbox at all."""
+    import subprocess
+
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run([config.python, *config.python_args, "-c", "pass"], check=True)
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def humaneval_rate(
+    path: str, config: SandboxConfig, workers: int | None, repeats: int, weak: bool = False
+) -> tuple[float, int, int]:
+    """Programs per second over the canonical solutions (through the `code` reward's program
+    builder and harness), best of `repeats`; and how many passed."""
+    from upslope.data.humaneval import load_humaneval
+    from upslope.rewards.code import _HARNESS, function_program
+
+    examples = load_humaneval(path)
+    jobs = [
+        Job(code=_HARNESS, files={"solution.py": function_program(e.meta["canonical_solution"], e.meta)}, stdin="t\n")
+        for e in examples
+    ]
+    best, passed = 0.0, 0
+    with SandboxPool(config, workers, weak=weak) as pool:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            results = pool.run_many(jobs)
+            best = max(best, len(jobs) / (time.perf_counter() - t))
+            passed = sum(r.status is Status.OK and r.stdout.endswith("t\n") for r in results)
+    return best, passed, len(jobs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--humaneval", default=None, help="HumanEval .jsonl(.gz); default: the shared copy")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--python-args", default="", help="extra interpreter flags, e.g. -S")
+    ap.add_argument("--weak", action="store_true", help="measure the weak mode instead")
+    args = ap.parse_args(argv)
+    config = SandboxConfig(python=args.python, python_args=tuple(args.python_args.split()))
+    print(f"mode: {'weak' if args.weak else 'bwrap'}, workers: {args.workers or default_workers()}")
+    med, p90 = overhead_ms(config, args.runs, args.weak)
+    bare = bare_ms(config, args.runs)
+    print(f"trivial program ({args.python} {args.python_args}): median {med:.1f} ms, p90 {p90:.1f} ms "
+          f"(the bare interpreter, unsandboxed: {bare:.1f} ms)")
+    from upslope.data.humaneval import DEFAULT_PATH
+
+    rate, passed, n = humaneval_rate(args.humaneval or DEFAULT_PATH, config, args.workers, args.repeats, args.weak)
+    print(f"HumanEval canonical: {passed}/{n} passed, {rate:.1f} programs/s")
+
+
+if __name__ == "__main__":
+    main()
