@@ -169,7 +169,7 @@ class Config(Section):
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML recipe (which may name a `base:` recipe to extend) and apply
     `a.b.c=value` overrides; validate into a Config."""
-    raw: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    raw: dict[str, Any] = _merge(Config().model_dump(mode="json"), _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)
     return validate(raw, source=str(path) if path else "config")
@@ -203,6 +203,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, recursively; a plugin given a different name replaces the old one whole
+    (its options belonged to the old plugin)."""
+    if "name" in top and "name" in base and top["name"] != base["name"]:
+        return dict(top)
     out = dict(base)
     for k, v in top.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "options" else v

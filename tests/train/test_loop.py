@@ -45,11 +45,11 @@ def metrics(run_dir: Path) -> list[dict]:
 def test_tiny_model_learns_a_toy_reward(tiny_model_path, tmp_path):
     """GRPO must raise a learnable reward; the test fails if the reward does not rise."""
     run = tmp_path / "learn"
-    run_trainer(tiny_overrides(tiny_model_path, run, "train.steps=12", "optim.lr=3e-3", "rollout.n=8",
+    run_trainer(tiny_overrides(tiny_model_path, run, "train.steps=10", "optim.lr=3e-2", "rollout.n=8",
                                f"reward=[{{name: '{TOY}:long_text'}}]", "train.precision=float32"))
     rewards = [m["reward/mean"] for m in metrics(run)]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first * 1.3, f"reward did not rise: {rewards}"
+    assert last > first * 1.5, f"reward did not rise: {rewards}"
 
 
 def test_resume_is_bitwise_exact(tiny_model_path, tmp_path):
