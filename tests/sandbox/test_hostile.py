@@ -222,3 +222,29 @@ def test_cannot_see_or_signal_host_processes(hpool):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_namespace_mount_and_ptrace_calls_are_refused(hpool):
+    """The seccomp filter: no new namespaces, mounts or ptrace; ordinary process and thread
+    creation (fork, threads, subprocess, multiprocessing) still work."""
+    from upslope.sandbox import seccomp
+
+    if not seccomp.supported():
+        pytest.skip("no seccomp table for this architecture")
+    code = textwrap.dedent("""
+        import ctypes, errno, multiprocessing, os, subprocess, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        def err(ret):
+            return "ok" if ret == 0 else errno.errorcode[ctypes.get_errno()]
+        print(err(libc.unshare(0x10000000)), err(libc.unshare(0x40000000)))
+        print(err(libc.mount(b"none", b"/tmp/work", b"tmpfs", 0, None)), err(libc.ptrace(16, 1, 0, 0)))
+        t = threading.Thread(target=print, args=("thread",))
+        t.start()
+        t.join()
+        print(subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
+        with multiprocessing.Pool(2) as pool:
+            print(sum(pool.map(abs, [-1, -2, -3])))
+    """)
+    res = hpool.run(Job(code=code))
+    assert res.status is Status.OK, res.stderr[-1000:]
+    assert res.stdout.split("\n")[:5] == ["EPERM EPERM", "EPERM EPERM", "thread", "child", "6"]

@@ -20,7 +20,7 @@ def test_500_programs_with_passes_failures_and_timeouts():
             jobs.append(Job(code=f"print({i})\nraise SystemExit({i % 7 + 1})"))
             expected.append((Status.FAILED, f"{i}\n"))
         else:
-            jobs.append(Job(code=f"import sys\nprint(int(sys.stdin.read()) * 2)", stdin=str(i)))
+            jobs.append(Job(code="import sys\nprint(int(sys.stdin.read()) * 2)", stdin=str(i)))
             expected.append((Status.OK, f"{2 * i}\n"))
     with SandboxPool(SandboxConfig(timeout_s=10)) as pool:
         start = time.monotonic()

@@ -98,30 +98,95 @@ def test_async_api(pool):
     assert one.stdout == "1\n" and [r.stdout for r in many] == [f"{i}\n" for i in range(6)]
 
 
+def _start_parent(marker: str, timeout_s: float) -> subprocess.Popen:
+    code = f"from upslope.sandbox import Job, Sandbox\nSandbox().run(Job(command='sleep 300; : {marker}', timeout_s={timeout_s}))"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
+
+
+def _wait_until(predicate, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def _program_running(marker: str) -> bool:
+    """The sandboxed shell itself runs (not just bubblewrap, whose argv holds the marker too)."""
+    for pid in pids_with_marker(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"/bin/sh\0-c\0sleep"):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 @needs_bwrap
-def test_sandbox_dies_with_its_parent(tmp_path):
+def test_sandbox_dies_with_its_parent():
     """A trainer killed mid-run leaves no sandboxed process behind."""
     marker = f"upslope-orphan-{os.getpid()}-{time.time_ns()}"
-    script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
-        from upslope.sandbox import Job, Sandbox
-        Sandbox().run(Job(command="sleep 300; : {marker}", timeout_s=300))
-    """))
-    parent = subprocess.Popen([sys.executable, str(script)], cwd=os.getcwd())
+    parent = _start_parent(marker, timeout_s=300)
     try:
-        for _ in range(200):
-            if pids_with_marker(marker):
-                break
-            time.sleep(0.05)
-        assert pids_with_marker(marker), "the sandboxed command never started"
+        assert _wait_until(lambda: _program_running(marker), 30), "the sandboxed command never started"
     finally:
         parent.kill()
         parent.wait()
-    for _ in range(100):
-        if not pids_with_marker(marker):
-            break
-        time.sleep(0.05)
-    assert pids_with_marker(marker) == []
+    assert _wait_until(lambda: not pids_with_marker(marker), 5), pids_with_marker(marker)
+
+
+@needs_bwrap
+def test_parent_killed_during_setup_is_bounded_by_the_time_limit():
+    """Killed while bubblewrap is still setting up, before the parent-death signal is armed:
+    the namespace's PID 1 (`timeout`) still ends the run at the wall-clock limit."""
+    marker = f"upslope-early-orphan-{os.getpid()}-{time.time_ns()}"
+    parent = _start_parent(marker, timeout_s=2)
+    try:
+        assert _wait_until(lambda: bool(pids_with_marker(marker)), 30), "bubblewrap never started"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_until(lambda: not pids_with_marker(marker), 6), pids_with_marker(marker)
+
+
+def _system_python_ok() -> bool:
+    exe = "/usr/bin/python3"
+    return os.path.exists(exe) and subprocess.run([exe, "-c", "import sys; sys.exit(sys.version_info < (3, 10))"]).returncode == 0
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or not _system_python_ok(), reason="needs root (to become another user) "
+                    "and a system /usr/bin/python3 >= 3.10 that user can run")
+def test_as_an_ordinary_user():
+    """The path of a non-root host (a CI runner): bubblewrap maps the user into a fresh user
+    namespace, and the process limit holds per namespace."""
+    uid = 40000 + os.getpid() % 20000
+    marker = f"upslope-user-orphan-{time.time_ns()}"
+    code = textwrap.dedent(f"""
+        import json, os
+        from upslope.sandbox import Job, Sandbox, SandboxConfig, Status
+        sb = Sandbox(SandboxConfig(python="/usr/bin/python3", timeout_s=3, max_procs=16))
+        assert sb.mode == "bwrap", sb.problem
+        bomb = "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass"
+        jobs = [
+            Job(code="import os; print(os.getuid())"),
+            Job(code=bomb, timeout_s=2),
+            Job(code="import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)"),
+            Job(code="open('/etc/upslope_probe', 'w')"),
+            Job(command="setsid sh -c 'sleep 300; : {marker}' & echo started"),
+        ]
+        print(json.dumps([str(sb.run(j).status) for j in jobs]))
+    """)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd(), "HOME": "/"}
+    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", code],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == ["ok", "timeout", "failed", "failed", "ok"]
+    time.sleep(0.2)
+    assert pids_with_marker(marker) == [] and pids_with_uid_in(range(uid, uid + 1)) == []
+    assert not os.path.exists("/etc/upslope_probe")
 
 
 def test_refused_without_bwrap():

@@ -36,12 +36,15 @@ WORK_DIR = "/tmp/work"  # the program's working directory inside bubblewrap
 HINT = "install bubblewrap (apt-get install -y bubblewrap), or set allow_weak=True to run with rlimits only"
 _NAMESPACES_ROOT = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
 _NAMESPACES_USER = ["--unshare-user", "--disable-userns", *_NAMESPACES_ROOT]
-# PID 1 of the namespace: a shell that runs the program and exits with its status. It
-# keeps bubblewrap's uid, so the parent-death signal reaches it when bubblewrap dies (a
-# signal to the program's own uid would be refused: bubblewrap drops CAP_KILL); when it
-# dies the kernel kills everything left in the namespace. bubblewrap waits for it, so the
-# program's CPU time is counted.
-_INIT = ["/bin/sh", "-c", '"$@"; exit $?', "upslope-init"]
+# PID 1 of the namespace: coreutils `timeout`, which runs the program, exits with its
+# status, and kills it one second after the wall-clock limit even if this process is
+# gone (bubblewrap arms the parent-death signal only after its setup, so a parent killed
+# during the setup would otherwise leave the program running). PID 1 keeps bubblewrap's
+# uid, so the parent-death signal reaches it (one aimed at the program's own uid would be
+# refused: bubblewrap drops CAP_KILL); when PID 1 dies the kernel kills everything left
+# in the namespace. bubblewrap waits for it, so the program's CPU time is counted. A
+# plain shell stands in where `timeout` is missing.
+_INIT_FALLBACK = ["/bin/sh", "-c", '"$@"; exit $?', "upslope-init"]
 _UID_BLOCK = 1 << 16  # uids one Sandbox may use as root: base .. base + 65535
 
 
@@ -147,7 +150,7 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None, *, weak: bool = False):
         self.config = config or SandboxConfig()
         self.root = _is_root()
-        self._tools = {t: shutil.which(t) or t for t in ("bwrap", "prlimit", "setpriv")}
+        self._tools = {t: shutil.which(t) or t for t in ("bwrap", "prlimit", "setpriv", "timeout")}
         self.problem = "weak mode requested" if weak else bwrap_problem()
         if self.problem is None:
             self.mode = "bwrap"
@@ -244,6 +247,11 @@ class Sandbox:
         ]
         return out
 
+    def _init_args(self, wall_s: float) -> list[str]:
+        if not os.path.isabs(self._tools["timeout"]):
+            return list(_INIT_FALLBACK)
+        return [self._tools["timeout"], "-s", "KILL", f"{wall_s + 1:.3f}"]
+
     def _program_argv(self, job: Job) -> list[str]:
         if job.code is not None:
             return [self.config.python, *self.config.python_args, PROGRAM_NAME]
@@ -333,7 +341,7 @@ class Sandbox:
                 "--json-status-fd",
                 str(status_w),
                 "--",
-                *_INIT,
+                *self._init_args(wall),
                 *self._limits_args(cpu, uid),
                 *self._program_argv(job),
             ]
@@ -381,7 +389,9 @@ class Sandbox:
             stdin = subprocess.DEVNULL
             if job.stdin is not None:
                 stdin = stdin_fd = _memfd(job.stdin)
-            argv = [*self._limits_args(cpu, uid), *self._program_argv(job)]
+            # `timeout` bounds the run even if this process dies before it can kill it
+            backstop = self._init_args(wall) if os.path.isabs(self._tools["timeout"]) else []
+            argv = [*backstop, *self._limits_args(cpu, uid), *self._program_argv(job)]
             proc = subprocess.Popen(
                 argv,
                 stdin=stdin,
