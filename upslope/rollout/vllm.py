@@ -86,6 +86,8 @@ class VLLMEngine(Engine):
         """`reload_weights` redoes vLLM's CPU weight repacking; direct load_weights does not."""
         weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if _cpu_only():
+            self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
         self.version += 1
 
@@ -97,3 +99,14 @@ class VLLMEngine(Engine):
             except Exception:
                 pass
             self.llm = None
+
+
+def _repack_tied_lm_head(worker: Any) -> None:
+    """On CPU, vLLM packs the LM head's weight for its GEMM once loaded. A tied LM head
+    (SmolLM2, Qwen2.5-0.5B, ...) receives no weights of its own in `reload_weights`, so it
+    kept computing logits with the packed copy of the OLD embedding. Pack it again."""
+    model = worker.model_runner.model
+    lm_head = getattr(model, "lm_head", None)
+    config = getattr(model, "config", None)
+    if lm_head is not None and getattr(config, "tie_word_embeddings", False) and hasattr(lm_head, "quant_method"):
+        lm_head.quant_method.process_weights_after_loading(lm_head)
