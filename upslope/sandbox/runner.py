@@ -9,8 +9,9 @@ Isolation (see docs/sandbox.md for the threat model):
   as an ordinary user bubblewrap maps the user into a fresh user namespace, where the
   process count is per namespace;
 - `prlimit` sets RLIMIT_AS, _CPU, _NPROC, _NOFILE, _FSIZE and _CORE on the program only;
-- a wall clock kills the whole tree: bubblewrap's PID 1 dies with its parent, and the
-  kernel then kills everything left in the namespace.
+- a seccomp filter refuses new namespaces, mounts, ptrace and other rarely needed calls;
+- a wall clock kills the whole tree: the namespace's PID 1 (coreutils `timeout`) dies with
+  its parent or at the limit, and the kernel then kills everything left in the namespace.
 """
 from __future__ import annotations
 
@@ -198,11 +199,12 @@ class Sandbox:
         args += ["--die-with-parent", "--new-session", "--as-pid-1", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
         args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-        hidden = _hidden_dirs()
+        roots = _interpreter_roots(cfg.python)
+        hidden = [d for d in _hidden_dirs() if d not in roots]  # never hide the interpreter's own prefix
         for d in hidden:
             args += ["--tmpfs", d]
         made: set[str] = set()
-        for root in _interpreter_roots(cfg.python):
+        for root in roots:
             top = next((h for h in [*hidden, "/tmp"] if _under(root, h) and root != h), None)
             if top is None or not os.path.isdir(root):
                 continue
@@ -229,7 +231,8 @@ class Sandbox:
             nproc += count_own_processes()  # the limit is per real uid: leave room for the rest
         cpu = max(1, math.ceil(cpu_s))
         out: list[str] = []
-        # A change of uid clears the parent-death signal that bubblewrap set: set it again.
+        # The program dies with its parent (PID 1 of the namespace, or `timeout` in the weak
+        # mode); a change of uid would clear that, so setpriv sets it again.
         if uid is not None:
             out += [self._tools["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
             out += ["--pdeathsig", "KILL", "--"]
@@ -360,7 +363,11 @@ class Sandbox:
             )
             os.close(status_w)
             fds.remove(status_w)
-            res = supervise(proc, wall, self.config.max_output_bytes, status_fd=status_r)
+            try:
+                res = supervise(proc, wall, self.config.max_output_bytes, status_fd=status_r)
+            except BaseException:
+                kill_group(proc.pid)
+                raise
         except OSError as exc:
             return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="bwrap")
         finally:
@@ -406,9 +413,11 @@ class Sandbox:
                 if uid is not None:
                     kill_uid(uid)
 
-            res = supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep)
-            kill_group(proc.pid)  # leftovers that outlived the program
-            sweep()
+            try:
+                res = supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep)
+            finally:
+                kill_group(proc.pid)  # leftovers that outlived the program
+                sweep()
         except OSError as exc:
             return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="weak")
         finally:
