@@ -62,15 +62,17 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         greedy = params.temperature == 0
+        copies = params.n if greedy else 1  # vLLM refuses n > 1 with greedy sampling: submit n copies
         sp = VSampling(
-            n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            n=params.n // copies, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=params.top_k if (params.top_k and not greedy) else -1, max_tokens=params.max_new_tokens,
             logprobs=0, stop_token_ids=list(params.stop_token_ids) or None, skip_special_tokens=True,
         )
         # A per-request seed crashes the CPU engine; seeding the global RNG (same process) works.
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)],
+                                 sp, use_tqdm=False)
         results = []
         for out in outs:
             comps = []
@@ -80,6 +82,8 @@ class VLLMEngine(Engine):
                 finish = "length" if o.finish_reason == "length" else "stop"
                 comps.append(Completion(toks, lps, o.text, finish))
             results.append(comps)
+        if copies > 1:
+            results = [sum(results[i * copies:(i + 1) * copies], []) for i in range(len(prompts))]
         return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
