@@ -56,13 +56,16 @@ def test_function_tests_all_pass_and_statuses():
         "    return [0] * (10 ** 10)\n",  # memory
         "    import sys\n    sys.exit(0)\n",  # tries to skip the tests
         "import os\nos._exit(0)\n",  # exits hard before the tests run
+        # a main block is not run (as in the reference harness), so its input() is harmless
+        "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(int(input()), 1))\n",
+        "import sys\nprint(sys.stdin.read())\ndef add(a, b):\n    return a + b\n",  # stdin is empty
     ]
     metas = [dict(ADD_META) for _ in completions]
     rewards = code_reward(timeout_s=2.0, memory_mb=256)(completions, [None] * len(completions), metas)
-    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     statuses = [m["sandbox_status"] for m in metas]
-    assert statuses == ["ok", "ok", "failed", "syntax_error", "timeout", "memory", "failed", "failed"]
-    assert [m["tests_passed"] for m in metas] == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert statuses == ["ok", "ok", "failed", "syntax_error", "timeout", "memory", "failed", "failed", "ok", "ok"]
+    assert [m["tests_passed"] for m in metas] == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1]
 
 
 @needs_bwrap

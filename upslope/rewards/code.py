@@ -28,23 +28,28 @@ _SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b", re.M)
 # Worst first: the status a sample reports when its runs ended differently.
 _PRIORITY = ["refused", "syntax_error", "memory", "timeout", "output_limit", "crashed", "failed", "ok"]
 
-# Runs the solution file; only after it finished without calling exit() does it echo the
-# one-time token that the reward reads on stdin, so a program that exits early (sys.exit(0),
+# Runs the solution file as module `solution` (so, as in the reference HumanEval harness,
+# an `if __name__ == "__main__":` block does not run). It takes a one-time token from stdin
+# first (the program then sees an empty stdin) and prints it only after the solution and
+# its tests finished without calling exit(): a program that exits early (sys.exit(0),
 # os._exit(0)) before its tests ran does not pass.
 _HARNESS = """\
-import os, sys
+import os, sys, types
 def _upslope_harness():
+    token = sys.stdin.readline()
     with open("solution.py", encoding="utf-8") as f:
         code = compile(f.read(), "solution.py", "exec")
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    module = types.ModuleType("solution")
+    module.__file__ = os.path.abspath("solution.py")
+    sys.modules["solution"] = module
     try:
-        exec(code, scope)
+        exec(code, module.__dict__)
     except SystemExit as exc:
         sys.stderr.write("upslope: the program called exit(%r) before its tests finished\\n" % (exc.code,))
         sys.stderr.flush()
         os._exit(1)
     sys.stdout.flush()
-    sys.stdout.write(sys.stdin.readline())
+    sys.stdout.write(token)
     sys.stdout.flush()
 _upslope_harness()
 """
