@@ -13,6 +13,7 @@ sample's meta gets `sandbox_status` (ok, failed, syntax_error, timeout, memory,
 output_limit, crashed), `tests_passed` and `tests_total`.
 """
 
+import os
 import re
 import secrets
 import threading
@@ -103,13 +104,14 @@ def _status(res: Result) -> str:
     return str(res.status)
 
 
-_POOLS: dict[tuple[SandboxConfig, int | None], SandboxPool] = {}
+_POOLS: dict[tuple[SandboxConfig, int | None, int], SandboxPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
 def get_pool(config: SandboxConfig, workers: int | None = None) -> SandboxPool:
-    """The process-wide pool for this config (made once, reused across reward calls)."""
-    key = (config, workers)
+    """The process-wide pool for this config (made once, reused across reward calls; a
+    forked child makes its own, since the parent's worker threads do not survive a fork)."""
+    key = (config, workers, os.getpid())
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None:
