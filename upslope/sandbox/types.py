@@ -31,7 +31,7 @@ class SandboxConfig:
     memory_mb: int = 1024  # address-space limit of each process (RLIMIT_AS), MiB
     max_output_bytes: int = 1 << 20  # cap on stdout and on stderr each; past it the run is killed
     max_procs: int = 32  # processes and threads the program may have at once
-    disk_mb: int = 64  # size of the writable /tmp (work directory included) and of any one file
+    disk_mb: int = 64  # size of the writable /tmp (work dir included) and /dev/shm; largest file
     max_open_files: int = 256  # open file descriptors per process (RLIMIT_NOFILE)
     allow_weak: bool = False  # without bubblewrap, run with rlimits only instead of refusing
     python: str = sys.executable  # interpreter for Python jobs (its install is made visible)
