@@ -61,7 +61,7 @@ def test_function_tests_all_pass_and_statuses():
         "import sys\nprint(sys.stdin.read())\ndef add(a, b):\n    return a + b\n",  # stdin is empty
     ]
     metas = [dict(ADD_META) for _ in completions]
-    rewards = code_reward(timeout_s=2.0, memory_mb=256)(completions, [None] * len(completions), metas)
+    rewards = code_reward(timeout_s=3.0, memory_mb=256)(completions, [None] * len(completions), metas)
     assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     statuses = [m["sandbox_status"] for m in metas]
     assert statuses == ["ok", "ok", "failed", "syntax_error", "timeout", "memory", "failed", "failed", "ok", "ok"]

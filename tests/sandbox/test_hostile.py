@@ -177,7 +177,7 @@ def test_deep_recursion(hpool):
     assert res.status is Status.FAILED and "RecursionError" in res.stderr
     # with the guard lifted, recursion through C overflows the stack: SIGSEGV
     code = "import sys\nsys.setrecursionlimit(10**8)\nx = []\nfor _ in range(10**6):\n    x = [x]\nprint(repr(x))"
-    res = hpool.run(Job(code=code, timeout_s=10))
+    res = hpool.run(Job(code=code, timeout_s=30))
     assert res.status is Status.CRASHED and res.signal == 11, (res.status, res.stderr[-300:])
 
 
@@ -195,7 +195,7 @@ def test_detached_child_does_not_outlive_the_sandbox(hpool):
         print("left children behind")
     """)
     res = hpool.run(Job(code=code))
-    assert res.status is Status.OK and res.wall_s < 3
+    assert res.status is Status.OK and res.wall_s < 10
     for _ in range(40):
         if not pids_with_marker(marker):
             break
