@@ -30,7 +30,7 @@ class Run:
         self.truncated = False
         self.killed_for: Status | None = None
         self.wait_status = 0
-        self.wall_s = self.cpu_s = self.max_rss_mb = 0.0
+        self.wall_s = self.cpu_s = 0.0
         self.mode = ""
         self.status_json = b""
 
@@ -62,7 +62,6 @@ class Run:
             stderr=self.stderr,
             wall_s=self.wall_s,
             cpu_s=self.cpu_s,
-            max_rss_mb=self.max_rss_mb,
             truncated=self.truncated,
             mode=self.mode,
         )
@@ -183,7 +182,6 @@ def supervise(
         run.status_json += _read_available(status_fd)
     run.wait_status = status
     run.cpu_s = usage.ru_utime + usage.ru_stime
-    run.max_rss_mb = usage.ru_maxrss / 1024
     run.stdout = bufs[out_fd].decode("utf-8", "replace")
     run.stderr = bufs[err_fd].decode("utf-8", "replace")
     proc.stdout.close()  # type: ignore[union-attr]

@@ -87,7 +87,6 @@ class Result:
     stderr: str = ""
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    max_rss_mb: float = 0.0
     truncated: bool = False  # stdout or stderr was cut at max_output_bytes
     error: str = ""  # why the run was refused, or what the sandbox itself reported
     mode: str = ""  # "bwrap" or "weak" (how it was isolated); "" when refused
