@@ -84,6 +84,15 @@ class RolloutConfig(Section):
     max_resample_rounds: int = opt(4, "filters: most extra rollout rounds to refill a filtered batch", ge=0)
 
 
+class CorrectionConfig(Section):
+    """Truncated importance sampling against the sampler's log-probs (train/inference mismatch)."""
+
+    level: Literal["token", "sequence", "geometric"] = opt("token", "ratio per token, per sequence (product), or geometric mean")
+    cap: float = opt(2.0, "truncate importance weights above this", gt=0)
+    mask_low: float | None = opt(None, "mask tokens/sequences whose ratio is below this", gt=0)
+    mask_high: float | None = opt(None, "mask tokens/sequences whose ratio is above this", gt=0)
+
+
 class AlgoConfig(Section):
     advantage: Plugin = opt(Plugin(name="grpo"), "advantage estimator (registry: advantage)")
     policy_loss: Plugin = opt(Plugin(name="ppo_clip"), "per-token policy loss (registry: policy_loss)")
@@ -93,6 +102,10 @@ class AlgoConfig(Section):
     kl_coef: float = opt(0.0, "beta: weight of KL to the frozen reference (0: no reference model loaded)", ge=0)
     kl_estimator: str = opt("k3", "KL estimator (registry: kl)")
     kl_in: Literal["loss", "reward"] = opt("loss", "apply KL as a loss term or fold it into token rewards")
+    kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
+    kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
+    correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
+    mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine")
 

@@ -9,6 +9,8 @@ from typing import Any, Iterator
 import torch
 
 from upslope.algos.aggregate import aggregate, loss_normalizers
+from upslope.algos.correction import importance_correction
+from upslope.algos.kl import AdaptiveKLController, FixedKLController
 from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config
 from upslope.models import load_model
@@ -31,6 +33,9 @@ class Learner:
             self.ref = load_model(model_path, cfg.model.dtype).to(self.device).eval()
             self.ref.requires_grad_(False)
             self.kl_fn = KL_ESTIMATORS.bind(cfg.algo.kl_estimator, where="algo.kl_estimator")
+        a = cfg.algo
+        self.kl_ctl = (AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target
+                       else FixedKLController(a.kl_coef))
         self.policy_loss = POLICY_LOSSES.bind(cfg.algo.policy_loss.name, cfg.algo.policy_loss.options,
                                               where="algo.policy_loss.options")
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
@@ -109,9 +114,15 @@ class Learner:
                 mask = mb.loss_mask
                 old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
                 per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
+                if algo.correction is not None:
+                    c = algo.correction
+                    weights, _, cm = importance_correction(old, mb.sampler_logprobs, mask, level=c.level, cap=c.cap,
+                                                           mask_low=c.mask_low, mask_high=c.mask_high)
+                    per_token = per_token * weights  # masked tokens have weight 0
+                    metrics = {**metrics, "tis/capped_frac": cm["capped_frac"], "tis/masked_frac": cm["masked_frac"]}
                 if kl_in_loss:
                     kl = self.kl_fn(lp, mb.ref_logprobs)
-                    per_token = per_token + algo.kl_coef * kl
+                    per_token = per_token + self.kl_ctl.value * kl
                     sums["kl"] += float((kl.detach() * mask).sum())
                 loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
                                  num_seqs=norms["num_seqs"], constant=constant)
@@ -141,6 +152,10 @@ class Learner:
             m = batch.loss_mask
             out["mismatch"] = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum() / m.sum().clamp(min=1))
         return out
+
+    def update_kl_coef(self, kl: float, samples: int) -> float:
+        """Adaptive KL: move beta toward the target after a step; fixed: unchanged."""
+        return self.kl_ctl.update(kl, samples)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's parameters by HF name, for pushing into the rollout engine."""

@@ -104,7 +104,7 @@ class Trainer:
         kept: list[Batch] = []
         seen: list[Batch] = []
         metrics: dict[str, Any] = {}
-        drawn = groups = 0
+        drawn = groups = dropped = 0
         for round_ in range(r.max_resample_rounds + 1):
             idx = self.sampler.next(r.prompts_per_step - groups if round_ else r.prompts_per_step)
             t0 = time.perf_counter()
@@ -121,6 +121,7 @@ class Trainer:
             drawn += len(idx)
             seen.append(b)
             b = stages.apply_filters(b, self.filters)
+            dropped += len(idx) - (b.num_groups if b.size else 0)
             if b.size:
                 kept.append(b)
                 groups += b.num_groups
@@ -136,6 +137,8 @@ class Trainer:
             first = batch.group_ids.unique()[: r.prompts_per_step]
             batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
         metrics["rollout/groups_kept"] = float(batch.num_groups) if batch.size else 0.0
+        if self.filters:
+            metrics["filter/groups_dropped"] = float(dropped)
         return batch, metrics
 
     def step(self, step: int) -> dict[str, Any]:
@@ -146,12 +149,21 @@ class Trainer:
             metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
             return metrics
         t1 = time.perf_counter()
-        if self.learner.ref is not None:
-            batch.ref_logprobs = self.learner.logprobs(batch, reference=True)
+        learner, algo = self.learner, self.cfg.algo
+        if algo.mask_truncated:
+            batch = stages.mask_truncated(batch)
+        if learner.ref is not None:
+            batch.ref_logprobs = learner.logprobs(batch, reference=True)
+            if algo.kl_in == "reward":
+                batch.old_logprobs = learner.logprobs(batch)
+                batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
         batch = stages.advantage(batch, self.advantage_fn)
         adv = stages.rollout_metrics(batch)
         metrics.update({k: v for k, v in adv.items() if k.startswith("adv/")})
-        metrics.update(self.learner.train_step(batch, step))
+        metrics.update(learner.train_step(batch, step))
+        if learner.ref is not None:
+            metrics["kl_coef"] = learner.kl_ctl.value
+            learner.update_kl_coef(metrics.get("kl", 0.0), batch.size)
         t2 = time.perf_counter()
         self.runtime.engine.update_weights(self.learner.named_weights())
         t3 = time.perf_counter()

@@ -54,6 +54,29 @@ def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor
     return batch if bool(keep.all()) else batch.select(torch.nonzero(keep).flatten())
 
 
+def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta: float) -> tuple[Batch, float]:
+    """Fold -beta * KL(policy || reference) into the rewards: per token (token_rewards, for
+    token-level estimators such as GAE) and summed per sequence (rewards, for group ones)."""
+    from upslope.algos.common import last_token_rewards
+    from upslope.algos.kl import kl_in_reward
+
+    assert batch.rewards is not None and batch.ref_logprobs is not None and batch.old_logprobs is not None
+    kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
+    base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
+                                                                                          batch.loss_mask)
+    batch.token_rewards = kl_in_reward(base, kl, beta, batch.loss_mask)
+    batch.rewards = batch.rewards - beta * kl.sum(1)
+    return batch, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+
+
+def mask_truncated(batch: Batch) -> Batch:
+    """DAPO overlong filtering: completions cut at max_new_tokens train on nothing."""
+    from upslope.algos.filters import overlong_mask
+
+    batch.loss_mask = overlong_mask(batch)
+    return batch
+
+
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
     batch.advantages = fn(batch).float() * batch.loss_mask
     return batch
