@@ -110,6 +110,15 @@ class AlgoConfig(Section):
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine")
 
 
+class CriticConfig(Section):
+    """The value model for PPO with GAE (`algo.advantage.name: gae`); not loaded otherwise."""
+
+    model: str | None = opt(None, "critic body: a model path/name (default: a copy of the policy)")
+    lr: float = opt(1e-5, "critic learning rate", gt=0)
+    value_clip: float | None = opt(0.2, "clip value updates around the old values (None: off)", gt=0)
+    grad_clip: float = opt(1.0, "clip the critic's gradient norm (0: off)", ge=0)
+
+
 class OptimConfig(Section):
     lr: float = opt(2e-5, "peak learning rate", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
@@ -171,6 +180,7 @@ class Config(Section):
     reward_fallback: float = opt(0.0, "reward for a sample whose reward function raised or returned NaN")
     algo: AlgoConfig = opt(AlgoConfig(), "algorithm: advantage, loss, KL, filters")
     optim: OptimConfig = opt(OptimConfig(), "optimiser and schedule")
+    critic: CriticConfig = opt(CriticConfig(), "value model for PPO (used by the gae advantage)")
     train: TrainConfig = opt(TrainConfig(), "training loop")
     eval: EvalConfig = opt(EvalConfig(), "evaluation")
     log: LogConfig = opt(LogConfig(), "metric sinks and progress")

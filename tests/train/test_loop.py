@@ -52,9 +52,12 @@ def test_tiny_model_learns_a_toy_reward(tiny_model_path, tmp_path):
     assert last > first * 1.5, f"reward did not rise: {rewards}"
 
 
-def test_resume_is_bitwise_exact(tiny_model_path, tmp_path):
-    """train 4 steps == train 2, stop, resume, train 2: same weights, same metrics."""
-    common = ["train.steps=4", "train.deterministic=true", "train.seed=3", "optim.lr=1e-3",
+@pytest.mark.parametrize("algo", [[], ["algo.advantage.name=gae", "train.updates_per_batch=2"]],
+                         ids=["grpo", "ppo_with_critic"])
+def test_resume_is_bitwise_exact(algo, tiny_model_path, tmp_path):
+    """train 4 steps == train 2, stop, resume, train 2: same weights, same metrics (the
+    critic's too, for PPO)."""
+    common = [*algo, "train.steps=4", "train.deterministic=true", "train.seed=3", "optim.lr=1e-3",
               f"reward=[{{name: '{TOY}:long_text'}}]", "train.save_every=2", "train.threads=1"]
     straight = tmp_path / "straight"
     run_trainer(tiny_overrides(tiny_model_path, straight, *common))

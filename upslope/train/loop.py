@@ -20,7 +20,7 @@ from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.samplers import UniformSampler
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, UpslopeError
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import console, step_display
@@ -84,6 +84,11 @@ class Trainer:
                         for i, f in enumerate(cfg.algo.filters)]
         self.sampler = UniformSampler(len(self.examples), seed=t.seed, shuffle=cfg.data.shuffle)
         self.learner = Learner(cfg, self.runtime.model_path)
+        self.critic = None
+        if cfg.algo.advantage.name == "gae":  # PPO: a value model, only when the advantage needs one
+            from upslope.train.critic import Critic
+
+            self.critic = Critic(cfg, self.runtime.model_path, self.learner.device)
         self.start_step = 0
         if t.resume:
             self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
@@ -157,10 +162,14 @@ class Trainer:
             if algo.kl_in == "reward":
                 batch.old_logprobs = learner.logprobs(batch)
                 batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
+        if self.critic is not None:
+            batch = stages.values_and_returns(batch, self.critic.values(batch), **self.cfg.algo.advantage.options)
         batch = stages.advantage(batch, self.advantage_fn)
         adv = stages.rollout_metrics(batch)
         metrics.update({k: v for k, v in adv.items() if k.startswith("adv/")})
         metrics.update(learner.train_step(batch, step))
+        if self.critic is not None:
+            metrics.update(self.critic.train_step(batch))
         if learner.ref is not None:
             metrics["kl_coef"] = learner.kl_ctl.value
             learner.update_kl_coef(metrics.get("kl", 0.0), batch.size)
@@ -212,6 +221,8 @@ class Trainer:
         state = {"step": step, "optimizer": self.learner.optimizer.state_dict(),
                  "scheduler": self.learner.scheduler.state_dict(), "rng": ckpt.rng_state(),
                  "sampler": self.sampler.state_dict(), "engine_version": self.runtime.engine.version}
+        if self.critic is not None:
+            state["critic"] = self.critic.state()
         return ckpt.save_checkpoint(self.run_dir / "checkpoints", step, self.learner.model, self.runtime.tokenizer,
                                     state, dump(self.cfg), self.cfg.train.keep_last)
 
@@ -221,6 +232,10 @@ class Trainer:
         self.learner.optimizer.load_state_dict(state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage is gae")
+            self.critic.load(state["critic"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
         console.print(f"resumed from {path} at step {self.start_step}")

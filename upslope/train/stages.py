@@ -77,6 +77,19 @@ def mask_truncated(batch: Batch) -> Batch:
     return batch
 
 
+def values_and_returns(batch: Batch, values: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95,
+                       **_: Any) -> Batch:
+    """Critic values and GAE returns (from un-whitened advantages) for PPO's value loss."""
+    from upslope.algos.advantages import gae_advantages_and_returns
+    from upslope.algos.common import last_token_rewards
+
+    batch.values = values
+    tok = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
+                                                                                         batch.loss_mask)
+    _, batch.returns = gae_advantages_and_returns(tok, values, batch.loss_mask, gamma, lam)
+    return batch
+
+
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
     batch.advantages = fn(batch).float() * batch.loss_mask
     return batch
