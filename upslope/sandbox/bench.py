@@ -3,6 +3,7 @@
     python -m upslope.sandbox.bench [--runs 50] [--humaneval PATH] [--python-args=-S]
 """
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -10,32 +11,37 @@ import time
 from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, default_workers
 
 
-def overhead_ms(config: SandboxConfig, runs: int, weak: bool = False) -> tuple[float, float]:
-    """Median and 90th-percentile wall time (ms) of `pass`, one run at a time."""
+def overhead_ms(config: SandboxConfig, runs: int, weak: bool = False) -> tuple[float, float, float]:
+    """Median and 90th-percentile wall time (ms) of `pass`, one run at a time, and the
+    median CPU time (ms) of a run (program plus sandbox processes)."""
     sb = Sandbox(config, weak=weak)
     if not sb.mode:
         raise SystemExit(f"sandbox unavailable: {sb.problem}")
     sb.run(Job(code="pass"))  # warm the page cache
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
         t = time.perf_counter()
         res = sb.run(Job(code="pass"))
         times.append((time.perf_counter() - t) * 1000)
+        cpu.append(res.cpu_s * 1000)
         assert res.status is Status.OK, res
     times.sort()
-    return statistics.median(times), times[int(0.9 * (len(times) - 1))]
+    return statistics.median(times), times[int(0.9 * (len(times) - 1))], statistics.median(cpu)
 
 
-def bare_ms(config: SandboxConfig, runs: int) -> float:
-    """Median wall time (ms) of the same interpreter running `pass` with no sandbox at all."""
+def bare_ms(config: SandboxConfig, runs: int) -> tuple[float, float]:
+    """Median wall and CPU time (ms) of the same interpreter running `pass` with no sandbox."""
     import subprocess
 
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
         t = time.perf_counter()
-        subprocess.run([config.python, *config.python_args, "-c", "pass"], check=True)
+        proc = subprocess.Popen([config.python, *config.python_args, "-c", "pass"])
+        _, _, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0
         times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+        cpu.append((usage.ru_utime + usage.ru_stime) * 1000)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def humaneval_rate(
@@ -73,10 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     config = SandboxConfig(python=args.python, python_args=tuple(args.python_args.split()))
     print(f"mode: {'weak' if args.weak else 'bwrap'}, workers: {args.workers or default_workers()}")
-    med, p90 = overhead_ms(config, args.runs, args.weak)
-    bare = bare_ms(config, args.runs)
-    print(f"trivial program ({args.python} {args.python_args}): median {med:.1f} ms, p90 {p90:.1f} ms "
-          f"(the bare interpreter, unsandboxed: {bare:.1f} ms)")
+    med, p90, cpu = overhead_ms(config, args.runs, args.weak)
+    bare, bare_cpu = bare_ms(config, args.runs)
+    print(f"trivial program ({args.python} {args.python_args}): wall median {med:.1f} ms, p90 {p90:.1f} ms, "
+          f"CPU {cpu:.1f} ms; the bare interpreter unsandboxed: wall {bare:.1f} ms, CPU {bare_cpu:.1f} ms")
+    print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     from upslope.data.humaneval import DEFAULT_PATH
 
     rate, passed, n = humaneval_rate(args.humaneval or DEFAULT_PATH, config, args.workers, args.repeats, args.weak)
