@@ -42,7 +42,7 @@ def test_plain_jsonl_and_malformed_lines(tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
     with gzip.open(bad, "wt") as f:
         f.write(json.dumps(row) + "\n{not json\n")
-    with pytest.raises(DataError, match=r"bad\.jsonl\.gz:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"bad\.jsonl\.gz:2: invalid JSON"):
         load_humaneval(str(bad))
     missing = tmp_path / "missing.jsonl"
     missing.write_text(json.dumps(row) + "\n" + json.dumps({"task_id": "T/2", "prompt": "x"}) + "\n")

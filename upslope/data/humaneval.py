@@ -5,11 +5,10 @@ Each record gives the function's signature and docstring (`prompt`), a reference
 The `code` reward runs prompt + completion + test + `check(entry_point)` in the sandbox.
 """
 
-import gzip
-import json
 import os
 from pathlib import Path
 
+from upslope.data.sources import read_records
 from upslope.data.types import Example
 from upslope.errors import DataError
 from upslope.registry import TASKS
@@ -43,28 +42,17 @@ def load_humaneval(path: str = DEFAULT_PATH, limit: int | None = None) -> list[E
     with `test`, `entry_point`, `code_prefix` (the original prompt, so that a completion
     giving only the body still runs), `task_id` and `canonical_solution`.
     """
-    file = _resolve(path)
-    opener = gzip.open if file.suffix == ".gz" else open
     out: list[Example] = []
     try:
-        with opener(file, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if limit is not None and len(out) >= limit:
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{file}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{file}:{lineno}: expected a JSON object, got {type(row).__name__}")
-                missing = [k for k in _FIELDS if not isinstance(row.get(k), str)]
-                if missing:
-                    raise DataError(f"{file}:{lineno}: missing or non-string field(s) {', '.join(missing)}")
-                out.append(_example(row))
+        for where, row in read_records(_resolve(path)):
+            if limit is not None and len(out) >= limit:
+                break
+            missing = [k for k in _FIELDS if not isinstance(row.get(k), str)]
+            if missing:
+                raise DataError(f"{where}: missing or non-string field(s) {', '.join(missing)}")
+            out.append(_example(row))
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise DataError(f"{file}: cannot read ({exc})") from None
+        raise DataError(f"{path}: cannot read ({exc})") from None
     return out
 
 
