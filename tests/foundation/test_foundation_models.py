@@ -50,9 +50,10 @@ def test_resolve_directory_without_config(tmp_path):
         resolve_model(str(tmp_path / "two"))
 
 
-def test_unreachable_hub_id_is_fast_one_line_error(monkeypatch):
-    # measured here: ~0.1 s offline, without HF_HUB_OFFLINE too (no network: the request fails at once)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_unreachable_hub_id_is_fast_one_line_error():
+    # Measured here (no route to the hub): 0.04 s, the request fails at once, so HF_HUB_OFFLINE
+    # is not needed (and setting it in-process would be too late: huggingface_hub reads it at
+    # import). Where the hub is reachable, an unknown repository is answered at once too.
     start = time.perf_counter()
     with pytest.raises(ModelError) as info:
         resolve_model("someorg/some-model-that-does-not-exist")
