@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from upslope.errors import UpslopeError
+from upslope.fsutil import atomic_directory
 
 MARKER = "COMPLETE"
 
@@ -36,18 +36,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -59,22 +47,13 @@ def _write_text_atomic(path: Path, text: str) -> None:
 def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
                     config_yaml: str, keep_last: int) -> Path:
     """Write step `step`; a crash at any point leaves the previous `latest` intact."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_dir))
-    try:
+    with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True) as tmp:
         model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
         torch.save(trainer_state, tmp / "trainer.pt")
         (tmp / "config.yaml").write_text(config_yaml)
         (tmp / MARKER).write_text(str(step))
-        _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _write_text_atomic(ckpt_dir / "latest", final.name)
     _prune(ckpt_dir, keep_last)
     return final

@@ -1,7 +1,6 @@
 """The `upslope` command line: train, eval, config."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Sequence
@@ -46,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"upslope: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("upslope: interrupted", file=sys.stderr)
         return 130

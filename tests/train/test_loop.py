@@ -156,3 +156,23 @@ def test_bad_data_and_rewards_fail_in_one_line(tiny_model_path, tmp_path, capsys
     err = capsys.readouterr().err
     assert "failed on every sample" in err and "ZeroDivisionError" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("kl_in", ["loss", "reward"])
+def test_kl_reference_and_mismatch_correction(kl_in, tiny_model_path, tmp_path):
+    """With beta > 0 a frozen reference is loaded and KL grows once the policy moves; the
+    importance correction reports its fractions. With beta = 0 there is no reference."""
+    run = tmp_path / kl_in
+    trainer = run_trainer(tiny_overrides(tiny_model_path, run, "train.steps=3", "optim.lr=3e-2",
+                                         f"reward=[{{name: '{TOY}:long_text'}}]", "algo.kl_coef=0.05",
+                                         f"algo.kl_in={kl_in}", "algo.correction={level: token, cap: 2.0}"))
+    assert trainer.learner.ref is not None
+    rows = metrics(run)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
+    assert rows[-1]["kl"] > 1e-4
+    assert "tis/capped_frac" in rows[-1] and 0.0 <= rows[-1]["tis/masked_frac"] <= 1.0
+    plain = Trainer(load_config(None, tiny_overrides(tiny_model_path, tmp_path / "plain", "train.steps=1")))
+    try:
+        assert plain.learner.ref is None
+    finally:
+        plain.close()

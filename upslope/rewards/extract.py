@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-_INT = re.compile(r"(?<![\d.])-?\d{1,3}(?:,\d{3})+(?![\d])|(?<![\d.])-?\d+")
+_INT = re.compile(r"(?<![\d.])-?\d{1,3}(?:,\d{3})+(?![\d]|\.\d)|(?<![\d.])-?\d+(?![\d]|\.\d)")
 _NUM = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 
 
