@@ -26,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import tempfile
@@ -158,7 +159,8 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
     if a.engine == "vllm":
         from upslope.rollout.vllm import configure_vllm_env
 
-        configure_vllm_env(1.0)  # the same vLLM CPU environment upslope uses (threads, KV cache, in-process)
+        configure_vllm_env()  # the same vLLM CPU environment upslope uses (threads, in-process)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # upslope's default KV cache, 1 GiB
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback

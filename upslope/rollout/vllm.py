@@ -24,7 +24,7 @@ def _cpu_only() -> bool:
     return not torch.cuda.is_available()
 
 
-def configure_vllm_env(kv_cache_gb: float) -> None:
+def configure_vllm_env() -> None:
     """Environment vLLM reads at import/start; set only what the user has not set."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -32,7 +32,6 @@ def configure_vllm_env(kv_cache_gb: float) -> None:
         cores = os.cpu_count() or 1
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
 
 
 class VLLMEngine(Engine):
@@ -41,7 +40,7 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
                  max_model_len: int = 2048, seed: int = 0):
-        configure_vllm_env(kv_cache_gb)
+        configure_vllm_env()
         from vllm import LLM
 
         self.tokenizer = tokenizer
@@ -52,6 +51,8 @@ class VLLMEngine(Engine):
         )
         if not _cpu_only():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         threads = torch.get_num_threads()
         self.llm = LLM(**kwargs)
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]

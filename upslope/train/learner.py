@@ -61,6 +61,14 @@ class Learner:
             return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget)
         return micro_batch_indices(batch.seq_lens, budget)
 
+    def forwarded_tokens(self, batch: Batch) -> int:
+        """Tokens one forward pass over the batch processes (each group's prompt once when shared)."""
+        if not self.share_prompt:
+            return int(batch.seq_lens.sum())
+        completions = int((batch.seq_lens - batch.prompt_lens).sum())
+        prompts = sum(int(batch.prompt_lens[batch.group_ids == g][0]) for g in batch.group_ids.unique())
+        return completions + prompts
+
     def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         mb = mb.to(self.device)
         chunk = self.cfg.train.logprob_chunk

@@ -89,6 +89,7 @@ class Trainer:
             from upslope.train.critic import Critic
 
             self.critic = Critic(cfg, self.runtime.model_path, self.learner.device)
+        self.runtime.engine  # start the engine now, so no step's timing includes its start-up
         self.start_step = 0
         if t.resume:
             self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
@@ -178,7 +179,8 @@ class Trainer:
         t3 = time.perf_counter()
         metrics.update({"time/learner": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0})
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(metrics["time/rollout"], 1e-9)
-        metrics["learner/tokens_per_s"] = float(batch.seq_lens.sum()) / max(t2 - t1, 1e-9)
+        metrics["learner/tokens"] = float(learner.forwarded_tokens(batch))
+        metrics["learner/tokens_per_s"] = metrics["learner/tokens"] / max(t2 - t1, 1e-9)
         return metrics
 
     # ------------------------------------------------------------------ run
