@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from upslope.errors import ConfigError
 
@@ -22,6 +22,10 @@ class Section(BaseModel):
 
 def opt(default: Any, help: str, **kw: Any) -> Any:
     return Field(default, description=help, **kw)
+
+
+def opt_factory(factory: Any, help: str) -> Any:
+    return Field(default_factory=factory, description=help)
 
 
 class Plugin(Section):
@@ -74,11 +78,12 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     prompts_per_step: int = opt(8, "prompts sampled per training step", ge=1)
-    n: int = opt(4, "completions per prompt (the group size)", ge=1)
+    n: int = opt(8, "completions per prompt (the group size)", ge=1)
     temperature: float = opt(1.0, "sampling temperature", ge=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
     top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
-    max_new_tokens: int = opt(32, "most tokens generated per completion", ge=1)
+    max_new_tokens: int | None = opt(None, "most tokens generated per completion (default: the task's, "
+                                              "e.g. arith 8, gsm8k 256, math500 512; 256 for data files)", ge=1)
     max_prompt_tokens: int = opt(512, "longer prompts are an error (or dropped with drop_long_prompts)", ge=1)
     drop_long_prompts: bool = opt(False, "drop prompts over max_prompt_tokens instead of failing")
     max_resample_rounds: int = opt(4, "filters: most extra rollout rounds to refill a filtered batch", ge=0)
@@ -120,7 +125,7 @@ class CriticConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = opt(2e-5, "peak learning rate", gt=0)
+    lr: float = opt(5e-5, "peak learning rate", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -172,18 +177,24 @@ class LogConfig(Section):
 
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
-    model: ModelConfig = opt(ModelConfig(), "policy model")
-    engine: EngineConfig = opt(EngineConfig(), "rollout engine")
-    data: DataConfig = opt(DataConfig(), "training prompts")
-    rollout: RolloutConfig = opt(RolloutConfig(), "sampling during training")
+    model: ModelConfig = opt_factory(ModelConfig, "policy model")
+    engine: EngineConfig = opt_factory(EngineConfig, "rollout engine")
+    data: DataConfig = opt_factory(DataConfig, "training prompts")
+    rollout: RolloutConfig = opt_factory(RolloutConfig, "sampling during training")
     reward: list[RewardSpec] = opt([], "reward components (empty: the task's default reward)")
     reward_fallback: float = opt(0.0, "reward for a sample whose reward function raised or returned NaN")
-    algo: AlgoConfig = opt(AlgoConfig(), "algorithm: advantage, loss, KL, filters")
-    optim: OptimConfig = opt(OptimConfig(), "optimiser and schedule")
-    critic: CriticConfig = opt(CriticConfig(), "value model for PPO (used by the gae advantage)")
-    train: TrainConfig = opt(TrainConfig(), "training loop")
-    eval: EvalConfig = opt(EvalConfig(), "evaluation")
-    log: LogConfig = opt(LogConfig(), "metric sinks and progress")
+    algo: AlgoConfig = opt_factory(AlgoConfig, "algorithm: advantage, loss, KL, filters")
+    optim: OptimConfig = opt_factory(OptimConfig, "optimiser and schedule")
+    critic: CriticConfig = opt_factory(CriticConfig, "value model for PPO (used by the gae advantage)")
+    train: TrainConfig = opt_factory(TrainConfig, "training loop")
+    eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
+    log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
+
+    @model_validator(mode="after")
+    def _task_defaults(self) -> "Config":
+        if self.rollout.max_new_tokens is None:
+            self.rollout.max_new_tokens = task_generation_length(self.data)
+        return self
 
 
 # ---------------------------------------------------------------- loading
@@ -192,7 +203,9 @@ class Config(Section):
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML recipe (which may name a `base:` recipe to extend) and apply
     `a.b.c=value` overrides; validate into a Config."""
-    raw: dict[str, Any] = _merge(Config().model_dump(mode="json"), _read_yaml(Path(path)) if path else {})
+    defaults = Config().model_dump(mode="json")
+    defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
+    raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)
     return validate(raw, source=str(path) if path else "config")
@@ -200,9 +213,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def validate(raw: dict[str, Any], source: str = "config") -> Config:
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
+    return cfg
+
+
+def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
+    """The completion length a built-in task suggests (its registry entry's max_new_tokens)."""
+    if data.path:
+        return fallback
+    from upslope.registry import TASKS
+
+    return int(TASKS.get(data.task, "data.task").attrs.get("max_new_tokens", fallback))
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def write(path, text: str):
 def test_defaults_without_recipe():
     cfg = load_config()
     assert cfg == Config()
-    assert cfg.train.steps == 40 and cfg.rollout.n == 4 and cfg.eval.k == [1]
+    assert cfg.train.steps == 40 and cfg.rollout.n == 8 and cfg.rollout.max_new_tokens == 8 and cfg.eval.k == [1]
     assert cfg.algo.advantage.name == "grpo" and cfg.reward == []
 
 

@@ -72,7 +72,7 @@ def _example(row: dict) -> Example:
     )
 
 
-@TASKS.register("humaneval", reward="code")
+@TASKS.register("humaneval", reward="code", max_new_tokens=384)
 def humaneval(*, path: str = DEFAULT_PATH, limit: int | None = None) -> list[Example]:
     """HumanEval: complete 164 Python functions; scored by running their unit tests (reward `code`)."""
     return load_humaneval(path, limit)

@@ -34,7 +34,7 @@ def _data_file(path: str | None, *parts: str) -> Path:
     return p
 
 
-@TASKS.register("arith", reward="integer", reward_options={"extract": "first", "strict": True})
+@TASKS.register("arith", reward="integer", reward_options={"extract": "first", "strict": True}, max_new_tokens=8)
 def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
           allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?") -> list[Example]:
     """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
@@ -60,7 +60,7 @@ def _gsm8k_answer(text: str) -> str:
     return text.split("####")[-1].strip().replace(",", "")
 
 
-@TASKS.register("gsm8k", reward="math")
+@TASKS.register("gsm8k", reward="math", max_new_tokens=256)
 def gsm8k(*, split: str = "test", path: str | None = None,
           instruction: str = "{prompt}\nPut your final answer after '####'.") -> list[Example]:
     """Grade-school math word problems (GSM8K); the reference is the number after '####'."""
@@ -74,7 +74,7 @@ def gsm8k(*, split: str = "test", path: str | None = None,
 
 
 def _competition(name: str, folder: str):
-    @TASKS.register(name, reward="math")
+    @TASKS.register(name, reward="math", max_new_tokens=512)
     def task(*, split: str = "test", path: str | None = None,
              instruction: str = "{prompt}\nPut your final answer within \\boxed{{}}.") -> list[Example]:
         file = _data_file(path, folder, "test.jsonl")

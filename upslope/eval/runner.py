@@ -7,7 +7,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Sequence
 
-from upslope.config import Config, DataConfig, RewardSpec
+from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
@@ -66,7 +66,8 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
         name, opts = task_default_reward(data_cfg)  # type: ignore[misc]
         specs = [RewardSpec(name=name, options=opts)]
     params = SamplingParams(n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
-                            max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens,
+                            max_new_tokens=ev.max_new_tokens or (task_generation_length(data_cfg) if ev.data
+                                                                 else cfg.rollout.max_new_tokens),
                             seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
     engine = runtime.engine
     completions = []
