@@ -148,7 +148,7 @@ class TrainConfig(Section):
     threads: int = opt(0, "torch threads for the learner (0: all cores)", ge=0)
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
-    eval_every: int = opt(0, "evaluate every N steps (0: only before and after)", ge=0)
+    eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)
     eval_before: bool = opt(True, "evaluate before training")
     eval_after: bool = opt(True, "evaluate after training")
     save_every: int = opt(0, "checkpoint every N steps (0: only at the end)", ge=0)

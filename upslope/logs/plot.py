@@ -19,7 +19,7 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path 
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (mean)", lw=1.2)
-        if all("accuracy" in r for r in train):
+        if all("accuracy" in r for r in train) and any(r["accuracy"] != r["reward/mean"] for r in train):
             ax.plot([r["step"] for r in train], [r["accuracy"] for r in train], label="train accuracy", lw=0.8,
                     alpha=0.6)
     if evals:
