@@ -1,0 +1,73 @@
+"""Train every recipe for N steps on its default task and tabulate held-out accuracy at
+step 0 and step N, seconds per step, and each recipe's telling metric.
+
+    python benchmarks/recipes_table.py [--steps 30] [--recipes grpo dapo ...] [--out results/recipes.json]
+
+Each recipe runs in its own process (`upslope train`); step 0 accuracy is measured once
+(the base model is the same for every recipe).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTRA = {"dapo": ["filter/groups_dropped", "rollout/prompts_drawn"], "gdpo": ["adv/std"], "ppo": ["critic/loss"]}
+
+
+def run(recipe: str, steps: int, run_dir: Path, eval_before: bool) -> dict:
+    cmd = [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
+           f"train.steps={steps}", "train.eval_every=0", f"train.eval_before={str(eval_before).lower()}",
+           f"run_dir={run_dir}", "log.progress=false", "log.tensorboard=false"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"recipe": recipe, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_rows = [r for r in rows if "time/step" in r]
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    out = {"recipe": recipe, "acc_before": evals.get(0), "acc_after": evals.get(steps),
+           "s_per_step": round(statistics.median(r["time/step"] for r in steps_rows), 2), "wall_s": round(wall, 1),
+           "reward_first5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[:5]), 3),
+           "reward_last5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[-5:]), 3)}
+    for key in EXTRA.get(recipe, []):
+        vals = [r[key] for r in steps_rows if key in r]
+        if vals:
+            out[key] = round(statistics.mean(vals), 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--recipes", nargs="*", default=sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
+    ap.add_argument("--work", default="/tmp/upslope-recipes")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipes.json"))
+    a = ap.parse_args()
+    results = []
+    for i, recipe in enumerate(a.recipes):
+        r = run(recipe, a.steps, Path(a.work) / recipe, eval_before=(i == 0))
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    base = next((r["acc_before"] for r in results if r.get("acc_before") is not None), None)
+    print(f"\n| recipe | held-out acc, step 0 | step {a.steps} | s/step | train reward, first 5 -> last 5 steps | notes |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['recipe']} | | | | | failed: {r['error']} |")
+            continue
+        notes = ", ".join(f"{k}={v}" for k, v in r.items() if "/" in k)
+        print(f"| {r['recipe']} | {base} | {r['acc_after']} | {r['s_per_step']} | {r['reward_first5']} -> "
+              f"{r['reward_last5']} | {notes} |")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
