@@ -147,14 +147,9 @@ class Trainer:
             metrics["filter/groups_dropped"] = float(dropped)
         return batch, metrics
 
-    def step(self, step: int) -> dict[str, Any]:
-        seed_step(self.cfg.train.seed, step)
-        t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
-        if batch.size == 0:
-            metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
-            return metrics
-        t1 = time.perf_counter()
+    def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
+        """Between reward and update: overlong masking, reference log-probs (and KL folded
+        into the reward), critic values and returns, advantages."""
         learner, algo = self.learner, self.cfg.algo
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
@@ -164,10 +159,21 @@ class Trainer:
                 batch.old_logprobs = learner.logprobs(batch)
                 batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
         if self.critic is not None:
-            batch = stages.values_and_returns(batch, self.critic.values(batch), **self.cfg.algo.advantage.options)
+            batch = stages.values_and_returns(batch, self.critic.values(batch), **algo.advantage.options)
         batch = stages.advantage(batch, self.advantage_fn)
-        adv = stages.rollout_metrics(batch)
-        metrics.update({k: v for k, v in adv.items() if k.startswith("adv/")})
+        metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
+        return batch
+
+    def step(self, step: int) -> dict[str, Any]:
+        seed_step(self.cfg.train.seed, step)
+        t0 = time.perf_counter()
+        batch, metrics = self.collect(step)
+        if batch.size == 0:
+            metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
+            return metrics
+        t1 = time.perf_counter()
+        learner = self.learner
+        batch = self.prepare(batch, metrics)
         metrics.update(learner.train_step(batch, step))
         if self.critic is not None:
             metrics.update(self.critic.train_step(batch))
