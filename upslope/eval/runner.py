@@ -14,7 +14,7 @@ from upslope.data.types import Example
 from upslope.errors import ConfigError
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
-from upslope.rewards import build_reward_fns, combined, score
+from upslope.rewards import build_reward_fns, combined, score, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
@@ -89,6 +89,9 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     first = next(iter(result.components))
     correct = [v >= 0.5 for v in result.components[first]]
     summary = _summarise(examples, flat, rewards, correct, specs[0], ev.n, ev.k)
+    statuses = status_counts(metas)
+    if statuses:
+        summary["sandbox_status"] = statuses
     summary.update(tag=tag, engine=engine.name, gen_seconds=round(gen_s, 2),
                    tokens_per_s=round(tokens / max(gen_s, 1e-9), 1), reward_failures=result.failures,
                    temperature=ev.temperature, n=ev.n)
@@ -102,7 +105,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                     ex = examples[i // ev.n]
                     fh.write(json.dumps({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": c.text,
                                          "reward": rewards[i], "correct": correct[i], "finish": c.finish_reason,
-                                         "tokens": len(c.token_ids),
+                                         "tokens": len(c.token_ids), "status": metas[i].get("sandbox_status"),
                                          **{f"reward/{k}": v[i] for k, v in result.components.items()}},
                                         default=str) + "\n")
     return summary

@@ -131,3 +131,13 @@ def combined(result: RewardResult) -> list[float]:
     """Weighted sum of the components (the default combiner, used by evaluation)."""
     n = len(next(iter(result.components.values()))) if result.components else 0
     return [sum(result.weights[k] * v[i] for k, v in result.components.items()) for i in range(n)]
+
+
+def status_counts(metas: Sequence[dict[str, Any]], key: str = "sandbox_status") -> dict[str, int]:
+    """How many samples a reward marked with each status (e.g. the code reward's sandbox
+    outcome: ok, failed, timeout, memory, syntax_error, ...)."""
+    counts: dict[str, int] = {}
+    for m in metas:
+        if key in m:
+            counts[str(m[key])] = counts.get(str(m[key]), 0) + 1
+    return counts

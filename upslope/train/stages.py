@@ -9,7 +9,7 @@ import torch
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.errors import UpslopeError
-from upslope.rewards import RewardFn, score
+from upslope.rewards import RewardFn, score, status_counts
 from upslope.rollout.base import Engine, SamplingParams
 
 
@@ -43,6 +43,7 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
             raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
                                f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
+    metrics.update({f"sandbox/{k}": float(v) for k, v in status_counts(batch.meta).items()})
     return batch, metrics
 
 
