@@ -82,3 +82,20 @@ def test_micro_batches_cover_every_row_once_within_budget(spec, budget):
         ng = len(set(g[c].tolist()))
         cost = ng * int(pl[c].max()) + len(c) * int((sl - pl)[c].max())
         assert len(c) == 1 or cost <= budget or ng == 1
+
+
+def test_hf_engine_sampled_logprobs_match_the_learner(tiny_model_path, tokenizer):
+    """At temperature 1 with no top-k/top-p the engine's sampler log-probs are the learner's
+    (HF's default top-k of 50 must not truncate the distribution silently)."""
+    from upslope.rollout.base import SamplingParams
+    from upslope.rollout.hf import HFEngine
+
+    engine = HFEngine(tiny_model_path, tokenizer, dtype="float32")
+    prompts = [[1, 500, 600, 700], [1, 42, 43]]
+    out = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=0))
+    comps = [c for group in out for c in group]
+    b = build_batch([p for p in prompts for _ in range(3)], [c.token_ids for c in comps],
+                    [c.logprobs for c in comps], [0, 0, 0, 1, 1, 1], [c.truncated for c in comps], pad_id=2)
+    with torch.no_grad():
+        lp, _ = token_logprobs(engine.model, b.input_ids, b.attention_mask, b.loss_mask)
+    assert ((lp - b.sampler_logprobs).abs() * b.loss_mask).max() < 1e-4

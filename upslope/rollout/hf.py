@@ -46,7 +46,7 @@ class HFEngine(Engine):
         out = self.model.generate(
             input_ids=ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
             do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p, top_k=(params.top_k or None) if not greedy else None,
+            top_p=None if greedy else params.top_p, top_k=None if greedy else params.top_k,  # 0 turns off HF's default top-k of 50
             num_return_sequences=n_return, eos_token_id=stops, pad_token_id=self.pad_id,
             output_scores=True, return_dict_in_generate=True,
         )
