@@ -121,6 +121,12 @@ def rollout_metrics(batch: Batch) -> dict[str, Any]:
         out[f"reward/{name}"] = float(v.mean())
         if i == 0:  # the first component decides correctness, as in evaluation
             out["accuracy"] = float((v >= 0.5).float().mean())
+    if len(batch.reward_components) > 1:  # what per-component group normalisation (GDPO) sees
+        from upslope.algos.common import group_normalize
+
+        for name, v in batch.reward_components.items():
+            z = group_normalize(v.float(), batch.group_ids)
+            out[f"adv_component/{name}/mean_abs"] = float(z.abs().mean())
     if batch.advantages is not None:
         m = batch.loss_mask > 0
         adv = batch.advantages[m]
