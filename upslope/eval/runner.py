@@ -14,6 +14,7 @@ from upslope.data.types import Example
 from upslope.errors import ConfigError
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
+from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns, combined, score, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
@@ -85,7 +86,9 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     answers = [ex.answer for ex in examples for _ in range(ev.n)]
     metas = [dict(ex.meta) for ex in examples for _ in range(ev.n)]
     result = score(reward_fns, [c.text for c in flat], answers, metas, cfg.reward_fallback)
-    rewards = combined(result)
+    combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                     where="algo.reward_combiner.options")
+    rewards = combined(result, [i // ev.n for i in range(len(flat))], combiner)
     first = next(iter(result.components))
     correct = [v >= 0.5 for v in result.components[first]]
     summary = _summarise(examples, flat, rewards, correct, specs[0], ev.n, ev.k)

@@ -127,10 +127,20 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
     return RewardResult(comps, weights, failures, errors)
 
 
-def combined(result: RewardResult) -> list[float]:
-    """Weighted sum of the components (the default combiner, used by evaluation)."""
-    n = len(next(iter(result.components.values()))) if result.components else 0
-    return [sum(result.weights[k] * v[i] for k, v in result.components.items()) for i in range(n)]
+def combined(result: RewardResult, group_ids: Sequence[int] | None = None,
+             combiner: Callable[..., Any] | None = None) -> list[float]:
+    """The combined reward per sample through a reward_combiner plugin (default: weighted_sum)."""
+    import torch
+
+    from upslope.registry import REWARD_COMBINERS
+
+    if not result.components:
+        return []
+    comps = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
+    n = len(next(iter(comps.values())))
+    gids = torch.as_tensor(list(group_ids) if group_ids is not None else range(n), dtype=torch.long)
+    fn = combiner or REWARD_COMBINERS.bind("weighted_sum")
+    return fn(comps, gids, weights=result.weights).float().tolist()
 
 
 def status_counts(metas: Sequence[dict[str, Any]], key: str = "sandbox_status") -> dict[str, int]:
