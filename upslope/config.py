@@ -109,6 +109,7 @@ class AlgoConfig(Section):
     kl_in: Literal["loss", "reward"] = opt("loss", "apply KL as a loss term or fold it into token rewards")
     kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
+    entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
     mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling")

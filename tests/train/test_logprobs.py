@@ -99,3 +99,32 @@ def test_hf_engine_sampled_logprobs_match_the_learner(tiny_model_path, tokenizer
     with torch.no_grad():
         lp, _ = token_logprobs(engine.model, b.input_ids, b.attention_mask, b.loss_mask)
     assert ((lp - b.sampler_logprobs).abs() * b.loss_mask).max() < 1e-4
+
+
+def direct_entropy(model, b):
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask.long()).logits.float()[:, :-1]
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.cat([torch.zeros(b.size, 1), ent], 1) * b.loss_mask
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_entropy_gradient_matches_full_logits(tiny, shared):
+    """With entropy_grad the chunked entropy carries the same gradient as the entropy of the full softmax
+    (what an entropy bonus trains); without it the entropy is detached."""
+    b = make_batch(seed=2)
+    tiny.zero_grad()
+    direct_entropy(tiny, b).sum().backward()
+    want = {k: p.grad.clone() for k, p in tiny.named_parameters()}
+    tiny.zero_grad()
+    if shared:
+        _, ent = token_logprobs_shared_prompt(tiny, b.input_ids, b.attention_mask, b.loss_mask, b.prompt_lens,
+                                              b.seq_lens, b.group_ids, chunk_rows=5, entropy_grad=True)
+    else:
+        _, ent = token_logprobs(tiny, b.input_ids, b.attention_mask, b.loss_mask, chunk_rows=5, entropy_grad=True)
+    ent.sum().backward()
+    for k, p in tiny.named_parameters():
+        assert torch.allclose(p.grad, want[k], atol=1e-4, rtol=1e-3), k
+    tiny.zero_grad()
+    _, ent = token_logprobs(tiny, b.input_ids, b.attention_mask, b.loss_mask, chunk_rows=5)
+    assert not ent.requires_grad

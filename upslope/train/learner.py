@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -17,6 +17,8 @@ from upslope.models import load_model
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
 from upslope.train.logprobs import same_prompt_within_groups, token_logprobs, token_logprobs_shared_prompt
 from upslope.train.optim import make_optimizer, make_scheduler
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
 
 
 class Learner:
@@ -71,14 +73,13 @@ class Learner:
 
     def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         mb = mb.to(self.device)
-        chunk = self.cfg.train.logprob_chunk
+        kw = {"chunk_rows": self.cfg.train.logprob_chunk, "temperature": self.temperature,
+              "entropy_grad": bool(self.cfg.algo.entropy_coef) and torch.is_grad_enabled()}
         with self.autocast():
             if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
                 return token_logprobs_shared_prompt(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                                    mb.prompt_lens, mb.seq_lens, mb.group_ids, chunk_rows=chunk,
-                                                    temperature=self.temperature)
-            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, chunk_rows=chunk,
-                                  temperature=self.temperature)
+                                                    mb.prompt_lens, mb.seq_lens, mb.group_ids, **kw)
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, **kw)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -105,42 +106,23 @@ class Learner:
                 rows = torch.nonzero(torch.isin(batch.group_ids, part)).flatten()
                 yield batch.select(rows)
 
-    def train_step(self, batch: Batch, step: int) -> dict[str, float]:
-        """Update the policy on one rollout batch (advantages set). Old log-probs cost a
-        forward pass only when there is more than one optimiser step per batch."""
-        t, algo = self.cfg.train, self.cfg.algo
-        if t.updates_per_batch * t.epochs_per_batch > 1 and batch.old_logprobs is None:
-            batch.old_logprobs = self.logprobs(batch)
+    def optimize(self, batch: Batch, step: int, loss_fn: LossFn) -> dict[str, float]:
+        """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
+        optimiser steps, each accumulated over token-budget micro-batches. `loss_fn(lp, ent, mb,
+        norms)` returns the micro-batch's share of the mini-batch loss (normalised by `norms`,
+        the mini-batch's token and sequence counts) and per-token-mean metrics."""
         sums: dict[str, float] = defaultdict(float)
-        constant = algo.loss_agg_constant or float(self.cfg.rollout.max_new_tokens)
-        kl_in_loss = self.ref is not None and algo.kl_in == "loss"
         for mini in self.mini_batches(batch, step):
             norms = loss_normalizers(mini.loss_mask)
             for idx in self.micro_batches(mini):
                 mb = mini.select(idx).to(self.device)
                 lp, ent = self._forward(self.model, mb)
-                mask = mb.loss_mask
-                old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
-                per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
-                if algo.correction is not None:
-                    c = algo.correction
-                    weights, _, cm = importance_correction(old, mb.sampler_logprobs, mask, level=c.level, cap=c.cap,
-                                                           mask_low=c.mask_low, mask_high=c.mask_high)
-                    per_token = per_token * weights  # masked tokens have weight 0
-                    metrics = {**metrics, "tis/capped_frac": cm["capped_frac"], "tis/masked_frac": cm["masked_frac"]}
-                if kl_in_loss:
-                    kl = self.kl_fn(lp, mb.ref_logprobs)
-                    per_token = per_token + self.kl_ctl.value * kl
-                    sums["kl"] += float((kl.detach() * mask).sum())
-                loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
-                                 num_seqs=norms["num_seqs"], constant=constant)
+                loss, metrics = loss_fn(lp, ent, mb, norms)
                 loss.backward()
-                ntok = float(mask.sum())
+                ntok = float(mb.loss_mask.sum())
                 sums["tokens"] += ntok
                 sums["loss"] += float(loss.detach())
-                sums["entropy"] += float((ent * mask).sum())
-                if batch.old_logprobs is None:  # one pass: this forward is the policy that was sampled
-                    sums["mismatch"] += float(((lp.detach() - mb.sampler_logprobs).abs() * mask).sum())
+                sums["entropy"] += float((ent * mb.loss_mask).sum())
                 for k, v in metrics.items():
                     sums[k] += float(v) * ntok
             clip = self.cfg.optim.grad_clip
@@ -150,12 +132,49 @@ class Learner:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
-        tokens = max(sums.pop("tokens"), 1.0)
-        updates = sums.pop("updates")
-        out = {"loss": sums.pop("loss") / updates, "grad_norm": sums.pop("grad_norm") / updates,
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        updates = max(sums.pop("updates", 0.0), 1.0)
+        out = {"loss": sums.pop("loss", 0.0) / updates, "grad_norm": sums.pop("grad_norm", 0.0) / updates,
                "lr": self.scheduler.get_last_lr()[0]}
-        for k, v in sums.items():
-            out[k] = v / tokens
+        out.update({k: v / tokens for k, v in sums.items()})
+        return out
+
+    def train_step(self, batch: Batch, step: int) -> dict[str, float]:
+        """Update the policy on one rollout batch (advantages set). Old log-probs cost a
+        forward pass only when there is more than one optimiser step per batch."""
+        t, algo = self.cfg.train, self.cfg.algo
+        one_pass = t.updates_per_batch * t.epochs_per_batch == 1
+        if not one_pass and batch.old_logprobs is None:
+            batch.old_logprobs = self.logprobs(batch)
+        constant = algo.loss_agg_constant or float(self.cfg.rollout.max_new_tokens)
+        kl_in_loss = self.ref is not None and algo.kl_in == "loss"
+
+        def rl_loss(lp: torch.Tensor, ent: torch.Tensor, mb: Batch,
+                    norms: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = mb.loss_mask
+            old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+            per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
+            metrics = dict(metrics)
+            if algo.correction is not None:
+                c = algo.correction
+                weights, _, cm = importance_correction(old, mb.sampler_logprobs, mask, level=c.level, cap=c.cap,
+                                                       mask_low=c.mask_low, mask_high=c.mask_high)
+                per_token = per_token * weights  # masked tokens have weight 0
+                metrics.update({"tis/capped_frac": cm["capped_frac"], "tis/masked_frac": cm["masked_frac"]})
+            ntok = max(float(mask.sum()), 1.0)
+            if kl_in_loss:
+                kl = self.kl_fn(lp, mb.ref_logprobs)
+                per_token = per_token + self.kl_ctl.value * kl
+                metrics["kl"] = float((kl.detach() * mask).sum()) / ntok
+            if algo.entropy_coef:
+                per_token = per_token - algo.entropy_coef * ent
+            if one_pass:  # this forward is the policy that was sampled
+                metrics["mismatch"] = float(((lp.detach() - mb.sampler_logprobs).abs() * mask).sum()) / ntok
+            loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
+                             num_seqs=norms["num_seqs"], constant=constant)
+            return loss, metrics
+
+        out = self.optimize(batch, step, rl_loss)
         if batch.old_logprobs is not None:
             m = batch.loss_mask
             out["mismatch"] = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum() / m.sum().clamp(min=1))

@@ -13,51 +13,54 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-          temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+          temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs = torch.softmax(logits, dim=-1)
         entropy = lse - (probs * logits).sum(-1)
     return logp, entropy
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
-                   *, chunk_rows: int = 1024, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   *, chunk_rows: int = 1024, temperature: float = 1.0,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(token t | < t) and the entropy of that distribution, as [N, L] tensors aligned
-    to the token, computed where `target_mask` is set (0 elsewhere). Entropy is detached."""
+    to the token, computed where `target_mask` is set (0 elsewhere). Entropy is detached
+    unless `entropy_grad` (for an entropy bonus in the loss)."""
     n, length = input_ids.shape
     body = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     hidden = body(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).last_hidden_state
     select = target_mask[:, 1:] > 0
     h = hidden[:, :-1][select]
     targets = input_ids[:, 1:][select]
-    flat_lp, flat_ent = _chunked_head(model, h, targets, chunk_rows, temperature)
+    flat_lp, flat_ent = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad)
     zeros = torch.zeros(n, length - 1, dtype=torch.float32, device=input_ids.device)
     lp_full = zeros.masked_scatter(select, flat_lp)
-    ent_full = zeros.masked_scatter(select, flat_ent.detach())
+    ent_full = zeros.masked_scatter(select, flat_ent)
     pad = torch.zeros(n, 1, dtype=torch.float32, device=input_ids.device)
     return torch.cat([pad, lp_full], 1), torch.cat([pad, ent_full], 1)
 
 
 def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
-                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
     grad = torch.is_grad_enabled() and weight.requires_grad
     lps, ents = [], []
     for s in range(0, h.shape[0], chunk_rows):
-        args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature)
+        args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature, entropy_grad)
         lp, ent = checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args)
         lps.append(lp)
         ents.append(ent)
     if not lps:
         empty = h.new_zeros(0, dtype=torch.float32)
         return empty, empty
-    return torch.cat(lps), torch.cat(ents).detach()
+    ent = torch.cat(ents)
+    return torch.cat(lps), ent if entropy_grad else ent.detach()
 
 
 def same_prompt_within_groups(input_ids: torch.Tensor, prompt_lens: torch.Tensor, group_ids: torch.Tensor) -> bool:
@@ -74,8 +77,8 @@ def same_prompt_within_groups(input_ids: torch.Tensor, prompt_lens: torch.Tensor
 
 def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                  target_mask: torch.Tensor, prompt_lens: torch.Tensor, seq_lens: torch.Tensor,
-                                 group_ids: torch.Tensor, *, chunk_rows: int = 1024,
-                                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                                 group_ids: torch.Tensor, *, chunk_rows: int = 1024, temperature: float = 1.0,
+                                 entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Like `token_logprobs`, but each group's prompt runs through the model once and its
     KV cache is shared by the group's completions (gradients flow through the cache): a
     group of n samples costs P + n*C tokens instead of n*(P + C). Only completion tokens
@@ -115,7 +118,7 @@ def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_
     # the state predicting completion token t: the prompt's last state for t = 0, else completion t-1
     h = torch.cat([p_hidden[row_group, -1:], c_hidden[:, :-1]], 1)
     c_target = target_mask.gather(1, c_src) * c_att > 0
-    lp, ent = _chunked_head(model, h[c_target], c_ids[c_target], chunk_rows, temperature)
+    lp, ent = _chunked_head(model, h[c_target], c_ids[c_target], chunk_rows, temperature, entropy_grad)
     out_lp = torch.zeros(n, length, dtype=torch.float32, device=dev)
     out_ent = torch.zeros(n, length, dtype=torch.float32, device=dev)
     rows, cpos = torch.nonzero(c_target, as_tuple=True)
