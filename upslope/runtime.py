@@ -34,6 +34,11 @@ class Runtime:
             self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype, max_len)
         return self._engine
 
+    @property
+    def engine_version(self) -> int:
+        """Weights version of the engine (0 when it has not been started)."""
+        return self._engine.version if self._engine is not None else 0
+
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close()

@@ -21,10 +21,15 @@ from upslope.train.optim import make_optimizer, make_scheduler
 LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
 
 
+def default_device() -> torch.device:
+    """Where the learner trains: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 class Learner:
-    def __init__(self, cfg: Config, model_path: str, device: str | None = None):
+    def __init__(self, cfg: Config, model_path: str, device: str | torch.device | None = None):
         self.cfg = cfg
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device) if device is not None else default_device()
         self.model = load_model(model_path, cfg.model.dtype, cfg.model.trust_remote_code).to(self.device)
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if cfg.train.grad_checkpointing:
