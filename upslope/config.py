@@ -54,7 +54,8 @@ class EngineConfig(Section):
     name: Literal["auto", "vllm", "hf"] = opt("auto", "rollout engine: vllm if importable, else hf")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "engine dtype (auto: bf16 for vllm, model dtype for hf)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
-    kv_cache_gb: float = opt(1.0, "vllm on CPU: KV-cache size in GiB", gt=0)
+    kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
+                                          "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB)", gt=0)
     gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")

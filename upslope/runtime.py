@@ -29,9 +29,11 @@ class Runtime:
         if self._engine is None:
             from upslope.rollout.engines import make_engine
 
-            max_len = self.cfg.rollout.max_prompt_tokens + max(self.cfg.rollout.max_new_tokens,
-                                                               self.cfg.eval.max_new_tokens or 0)
-            self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype, max_len)
+            r = self.cfg.rollout
+            max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
+            batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
+            self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype,
+                                       max_len, kv_tokens=batch_tokens)
         return self._engine
 
     @property

@@ -199,3 +199,13 @@ def test_vllm_weight_reload_follows_new_weights(vllm_engine, hf_engine, prompts,
             div = divergence_margin(hf_engine.model, prompt, h.token_ids, c.token_ids)
             assert div is None or div[1] < 0.05, div
     assert tokens(vllm_engine.generate(prompts, greedy)) == before
+
+
+def test_kv_cache_auto_size_is_one_rollout_batch(smollm_path):
+    """SmolLM2-135M: 30 layers x 3 KV heads x head dim 64 x (K, V) x 2 bytes = 23,040 bytes per token."""
+    from upslope.rollout.engines import kv_cache_gb_for
+
+    assert kv_cache_gb_for(smollm_path, 8 * 8 * (128 + 8)) == 3 / 16  # 200.5 MB, rounded up to 1/16 GiB
+    assert kv_cache_gb_for(smollm_path, 8 * 8 * (128 + 8), dtype_bytes=4) == 6 / 16
+    assert kv_cache_gb_for(smollm_path, 10) == 1 / 16  # never below 1/16 GiB
+    assert kv_cache_gb_for(smollm_path, 10**7) == 1.0  # capped

@@ -17,15 +17,35 @@ def engine_name(cfg: EngineConfig) -> str:
     return cfg.name
 
 
-def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int) -> Engine:
+def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: float = 1.0) -> float:
+    """KV-cache size (GiB, rounded up to 1/16) holding `tokens` tokens of this model, at most `max_gb`:
+    layers x kv heads x head dim x 2 (keys and values) x dtype bytes per token."""
+    import json
+    import math
+    from pathlib import Path
+
+    mc = json.loads((Path(model_path) / "config.json").read_text())
+    heads = mc["num_attention_heads"]
+    head_dim = mc.get("head_dim") or mc["hidden_size"] // heads
+    per_token = mc["num_hidden_layers"] * mc.get("num_key_value_heads", heads) * head_dim * 2 * dtype_bytes
+    return min(max_gb, max(1.0, math.ceil(tokens * per_token / 2**30 * 16)) / 16)
+
+
+def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
+                kv_tokens: int = 0) -> Engine:
+    """The configured engine; `kv_tokens` (one rollout batch's tokens) sizes vLLM's CPU KV cache
+    unless engine.kv_cache_gb is set."""
     name = engine_name(cfg)
     if name == "vllm":
         from upslope.rollout.vllm import VLLMEngine
 
-        return VLLMEngine(model_path, tokenizer, dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
-                          enforce_eager=cfg.enforce_eager, kv_cache_gb=cfg.kv_cache_gb,
+        dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
+        max_len = cfg.max_model_len or max_model_len
+        kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(model_path, max(kv_tokens, max_len),
+                                                   dtype_bytes=4 if dtype == "float32" else 2)
+        return VLLMEngine(model_path, tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                          max_model_len=cfg.max_model_len or max_model_len, seed=cfg.seed)
+                          max_model_len=max_len, seed=cfg.seed)
     from upslope.rollout.hf import HFEngine
 
     return HFEngine(model_path, tokenizer, dtype=model_dtype if cfg.dtype == "auto" else cfg.dtype,
