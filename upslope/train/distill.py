@@ -36,6 +36,7 @@ class DistillTrainer(BaseTrainer):
         if cfg.algo.kl_coef > 0:
             raise ConfigError(f"algo.kl_coef={cfg.algo.kl_coef}: distill pulls the student toward the teacher, "
                               f"not a reference model; set algo.kl_coef=0")
+        DISTILL_LOSSES.get(cfg.distill.loss.name, "distill.loss.name")
         DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options, where="distill.loss.options")
 
     def setup(self) -> None:

@@ -63,14 +63,13 @@ class Teacher:
         d = cfg.distill
         self.spec = d.teacher or ""
         self.path = resolve_teacher(d.teacher, student_path, d.teacher_gguf_file, cfg.model.cache_dir, announce)
+        if d.top_k > len(student_tokenizer):
+            raise ConfigError(f"distill.top_k={d.top_k}: more than the vocabulary's {len(student_tokenizer)} tokens")
         if d.teacher != SELF:
             check_same_vocab(student_tokenizer, load_tokenizer(self.path), self.spec)
         self.model = load_model(self.path, cfg.model.dtype, cfg.model.trust_remote_code).to(device).eval()
         self.model.requires_grad_(False)
         self.model.config.use_cache = False
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        if d.top_k > vocab:
-            raise ConfigError(f"distill.top_k={d.top_k}: more than the teacher's {vocab} tokens")
         self.temperature = d.teacher_temperature
         self.top_k = d.top_k
         self.forward_passes = 0  # micro-batch forwards so far
