@@ -68,6 +68,15 @@ def test_command_runs_two_steps(distill_run):
     assert (distill_run / "checkpoints" / "step_000002" / "model" / "config.json").exists()
 
 
+def test_student_moves_toward_the_teacher(tiny_model_path, teacher_path, tmp_path):
+    """Four steps of top-k reverse KL: the student's KL to the teacher over its top-k falls
+    (the test fails if the update does not pull toward the teacher)."""
+    run(tiny_overrides(tiny_model_path, tmp_path, f"distill.teacher={teacher_path}", "distill.loss.name=topk_rkl",
+                       "train.steps=4", "optim.lr=3e-3", "train.precision=float32"))
+    kl = [r["distill/rkl_topk"] for r in metrics(tmp_path)]
+    assert kl[-1] < 0.6 * kl[0], kl
+
+
 def test_teacher_from_a_checkpoint_or_run_directory(distill_run, tiny_model_path):
     step = distill_run / "checkpoints" / "step_000002"
     assert resolve_teacher(str(step), tiny_model_path) == str(step / "model")
