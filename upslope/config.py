@@ -180,7 +180,7 @@ class DistillConfig(Section):
     """On-policy distillation (`upslope distill`): the student samples, a teacher scores the same tokens."""
 
     teacher: str | None = opt(None, "teacher: model name/path/.gguf, a checkpoint RUN/checkpoints/step_N, a run "
-                                    "directory (its latest checkpoint), or 'self' (the student's frozen initial weights)")
+                                    "directory (its latest checkpoint), or 'self' (the student's starting weights)")
     teacher_gguf_file: str | None = opt(None, "GGUF file name inside `teacher` when it is a directory of GGUF files")
     teacher_temperature: float = opt(1.0, "temperature of the teacher's distribution (self-distillation: TS-OPSD "
                                           "reheats with > 1)", gt=0)
