@@ -145,21 +145,34 @@ def other_vocab_teacher(teacher_path, tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def no_tokenizer_teacher(teacher_path, tmp_path_factory) -> str:
+    """A model directory whose tokenizer files are missing."""
+    path = tmp_path_factory.mktemp("no-tokenizer") / "model"
+    shutil.copytree(teacher_path, path, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json",
+                                                                      "chat_template.jinja"))
+    return str(path)
+
+
 @pytest.mark.parametrize("extra, expected", [
     ([], "distill.teacher: no teacher given"),
     (["distill.teacher=/nonexistent/teacher"], "distill.teacher=/nonexistent/teacher: not a model directory"),
     (["distill.teacher=VOCAB"], "distill.teacher=VOCAB: its tokenizer's vocabulary differs from the student's "
                                 "(49153 vs 49152 tokens; first difference: '<|tool_call|>' at id 49152)"),
+    (["distill.teacher=NOTOK"], "distill.teacher=NOTOK: its tokenizer could not be loaded from NOTOK"),
     (["distill.teacher=self", "distill.loss.name=topk_kl"], "distill.loss.name: unknown distill_loss 'topk_kl' "
                                                             "(did you mean 'topk_rkl'?)"),
     (["distill.teacher=self", "algo.kl_coef=0.1"], "algo.kl_coef=0.1: distill pulls the student toward the teacher"),
     (["distill.teacher=self", "distill.top_k=100000"], "distill.top_k=100000: more than the vocabulary's 49152 tokens"),
     (["distill.teacher=self", "distill.teacher_temperature=0"], "distill.teacher_temperature: Input should be "
                                                                 "greater than 0"),
-], ids=["missing", "no_such_path", "vocab_mismatch", "unknown_loss", "kl_coef", "top_k", "temperature"])
-def test_bad_input_is_one_line(extra, expected, tiny_model_path, other_vocab_teacher, tmp_path, capsys):
-    extra = [e.replace("VOCAB", other_vocab_teacher) for e in extra]
-    expected = expected.replace("VOCAB", other_vocab_teacher)
+], ids=["missing", "no_such_path", "vocab_mismatch", "no_tokenizer", "unknown_loss", "kl_coef", "top_k", "temperature"])
+def test_bad_input_is_one_line(extra, expected, tiny_model_path, other_vocab_teacher, no_tokenizer_teacher, tmp_path,
+                              capsys):
+    paths = {"VOCAB": other_vocab_teacher, "NOTOK": no_tokenizer_teacher}
+    for name, path in paths.items():
+        extra = [e.replace(name, path) for e in extra]
+        expected = expected.replace(name, path)
     rc = main(["distill", *tiny_overrides(tiny_model_path, tmp_path), *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,6 +12,9 @@ from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
 from upslope.models import load_model, load_tokenizer, resolve_model
+
+if TYPE_CHECKING:
+    from upslope.train.learner import Learner
 
 SELF = "self"
 
@@ -66,7 +69,12 @@ class Teacher:
         if d.top_k > len(student_tokenizer):
             raise ConfigError(f"distill.top_k={d.top_k}: more than the vocabulary's {len(student_tokenizer)} tokens")
         if d.teacher != SELF:
-            check_same_vocab(student_tokenizer, load_tokenizer(self.path), self.spec)
+            try:
+                teacher_tokenizer = load_tokenizer(self.path)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"distill.teacher={self.spec}: its tokenizer could not be loaded from {self.path} "
+                                  f"({str(exc).splitlines()[0]})") from None
+            check_same_vocab(student_tokenizer, teacher_tokenizer, self.spec)
         self.model = load_model(self.path, cfg.model.dtype, cfg.model.trust_remote_code).to(device).eval()
         self.model.requires_grad_(False)
         self.model.config.use_cache = False
@@ -74,7 +82,7 @@ class Teacher:
         self.top_k = d.top_k
         self.forward_passes = 0  # micro-batch forwards so far
 
-    def score(self, batch: Batch, learner: Any) -> Batch:
+    def score(self, batch: Batch, learner: "Learner") -> Batch:
         """Set the batch's teacher_logprobs [N, L] and teacher_topk_ids / _logprobs [N, L, K]."""
         student_vocab = learner.model.get_output_embeddings().weight.shape[0]
         teacher_vocab = self.model.get_output_embeddings().weight.shape[0]
