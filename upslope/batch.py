@@ -14,7 +14,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 _TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages", "old_logprobs",
-                 "ref_logprobs", "values", "returns", "token_rewards")
+                 "ref_logprobs", "values", "returns", "token_rewards", "teacher_logprobs", "teacher_topk_ids",
+                 "teacher_topk_logprobs")
 _SAMPLE_FIELDS = ("prompt_lens", "seq_lens", "group_ids", "rewards", "truncated", "policy_version")
 
 
@@ -39,6 +40,9 @@ class Batch:
     values: torch.Tensor | None = None  # [N, L], critic values
     returns: torch.Tensor | None = None  # [N, L], critic targets
     token_rewards: torch.Tensor | None = None  # [N, L], per-token rewards (KL in reward, shaping)
+    teacher_logprobs: torch.Tensor | None = None  # [N, L], distillation teacher's log-prob of each token
+    teacher_topk_ids: torch.Tensor | None = None  # [N, L, K], the teacher's K most likely tokens at each position
+    teacher_topk_logprobs: torch.Tensor | None = None  # [N, L, K], ... and their teacher log-probs
     meta: list[dict[str, Any]] = field(default_factory=list)  # per-sample: answer, task fields, text
 
     @property
@@ -163,7 +167,7 @@ def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
 def _pad_right(t: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
     if t.shape[1] == width:
         return t
-    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+    pad = torch.full((t.shape[0], width - t.shape[1], *t.shape[2:]), value, dtype=t.dtype)
     return torch.cat([t, pad], dim=1)
 
 

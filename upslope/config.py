@@ -177,6 +177,20 @@ class LogConfig(Section):
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
 
 
+class DistillConfig(Section):
+    """On-policy distillation (`upslope distill`): the student samples, a teacher scores the same tokens."""
+
+    teacher: str | None = opt(None, "teacher: model name/path/.gguf, a checkpoint RUN/checkpoints/step_N, a run "
+                                    "directory (its latest checkpoint), or 'self' (the student's starting weights)")
+    teacher_gguf_file: str | None = opt(None, "GGUF file name inside `teacher` when it is a directory of GGUF files")
+    teacher_temperature: float = opt(1.0, "temperature of the teacher's distribution (self-distillation: TS-OPSD "
+                                          "reheats with > 1)", gt=0)
+    loss: Plugin = opt(Plugin(name="sampled_rkl"), "distillation loss (registry: distill_loss): sampled_rkl, "
+                                                   "topk_rkl, forward_ce, mix (its options: the weights)")
+    top_k: int = opt(20, "teacher's most likely tokens kept per position (top-k losses and metrics)", ge=1)
+    log_reward: bool = opt(True, "score the student's samples with the task reward (logged, not trained on)")
+
+
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
@@ -191,6 +205,7 @@ class Config(Section):
     train: TrainConfig = opt_factory(TrainConfig, "training loop")
     eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
     log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
+    distill: DistillConfig = opt_factory(DistillConfig, "on-policy distillation: teacher and loss (upslope distill)")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":

@@ -15,7 +15,7 @@ from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config
 from upslope.models import load_model
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
-from upslope.train.logprobs import same_prompt_within_groups, token_logprobs, token_logprobs_shared_prompt
+from upslope.train.logprobs import HeadOutput, same_prompt_within_groups, token_scores
 from upslope.train.optim import make_optimizer, make_scheduler
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
@@ -76,26 +76,48 @@ class Learner:
         prompts = sum(int(batch.prompt_lens[batch.group_ids == g][0]) for g in batch.group_ids.unique())
         return completions + prompts
 
-    def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scores(self, model: Any, mb: Batch, *, temperature: float | None = None,
+                gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None) -> HeadOutput:
+        """One micro-batch through `model` (temperature default: the sampling temperature)."""
         mb = mb.to(self.device)
-        kw = {"chunk_rows": self.cfg.train.logprob_chunk, "temperature": self.temperature,
-              "entropy_grad": bool(self.cfg.algo.entropy_coef) and torch.is_grad_enabled()}
         with self.autocast():
+            shared = None
             if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
-                return token_logprobs_shared_prompt(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                                    mb.prompt_lens, mb.seq_lens, mb.group_ids, **kw)
-            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, **kw)
+                shared = (mb.prompt_lens, mb.seq_lens, mb.group_ids)
+            return token_scores(model, mb.input_ids, mb.attention_mask, mb.loss_mask, shared=shared,
+                                chunk_rows=self.cfg.train.logprob_chunk,
+                                temperature=self.temperature if temperature is None else temperature,
+                                entropy_grad=bool(self.cfg.algo.entropy_coef) and torch.is_grad_enabled(),
+                                gather_ids=None if gather_ids is None else gather_ids.to(self.device),
+                                top_k=top_k, top_k_vocab=top_k_vocab)
+
+    def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._scores(model, mb)
+        return out.logprobs, out.entropy
 
     @torch.no_grad()
+    def score(self, batch: Batch, model: Any = None, *, temperature: float | None = None, top_k: int = 0,
+              top_k_vocab: int | None = None) -> HeadOutput:
+        """No-grad forward of the batch's trained tokens in token-budget micro-batches, on the CPU:
+        [N, L] log-probs and entropies, and with `top_k` the model's own top-k ids and log-probs
+        [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
+        model = self.model if model is None else model
+        n, length = batch.input_ids.shape
+        lp, ent = torch.zeros(n, length), torch.zeros(n, length)
+        topk_lp = torch.zeros(n, length, top_k) if top_k else None
+        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long) if top_k else None
+        for idx in self.micro_batches(batch):
+            out = self._scores(model, batch.select(idx), temperature=temperature, top_k=top_k,
+                               top_k_vocab=top_k_vocab)
+            rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
+            lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
+            if topk_lp is not None and topk_ids is not None:
+                topk_lp[rows, :width], topk_ids[rows, :width] = out.topk_logprobs.cpu(), out.topk_ids.cpu()
+        return HeadOutput(lp, ent, topk_logprobs=topk_lp, topk_ids=topk_ids)
+
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         """[N, L] log-probs of the batch's trained tokens under the policy (or reference)."""
-        model = self.ref if reference else self.model
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in self.micro_batches(batch):
-            mb = batch.select(idx)
-            lp, _ = self._forward(model, mb)
-            out[torch.as_tensor(idx), : lp.shape[1]] = lp.cpu()
-        return out
+        return self.score(batch, self.ref if reference else self.model).logprobs
 
     # ------------------------------------------------------------------ update
 
@@ -111,18 +133,23 @@ class Learner:
                 rows = torch.nonzero(torch.isin(batch.group_ids, part)).flatten()
                 yield batch.select(rows)
 
-    def optimize(self, batch: Batch, step: int, loss_fn: LossFn) -> dict[str, float]:
+    def optimize(self, batch: Batch, step: int, loss_fn: LossFn,
+                 gather: Callable[[Batch], torch.Tensor] | None = None) -> dict[str, float]:
         """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
         optimiser steps, each accumulated over token-budget micro-batches. `loss_fn(lp, ent, mb,
         norms)` returns the micro-batch's share of the mini-batch loss (normalised by `norms`,
-        the mini-batch's token and sequence counts) and per-token-mean metrics."""
+        the mini-batch's token and sequence counts) and per-token-mean metrics. With `gather`
+        (micro-batch -> token ids [n, L, K]) the policy's log-probs at those ids are computed in
+        the same forward, with gradient, and passed as a fifth argument: loss_fn(..., gathered)."""
         sums: dict[str, float] = defaultdict(float)
         for mini in self.mini_batches(batch, step):
             norms = loss_normalizers(mini.loss_mask)
             for idx in self.micro_batches(mini):
                 mb = mini.select(idx).to(self.device)
-                lp, ent = self._forward(self.model, mb)
-                loss, metrics = loss_fn(lp, ent, mb, norms)
+                out = self._scores(self.model, mb, gather_ids=gather(mb) if gather is not None else None)
+                lp, ent = out.logprobs, out.entropy
+                loss, metrics = (loss_fn(lp, ent, mb, norms) if gather is None
+                                 else loss_fn(lp, ent, mb, norms, out.gathered))
                 loss.backward()
                 ntok = float(mb.loss_mask.sum())
                 sums["tokens"] += ntok

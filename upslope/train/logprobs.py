@@ -2,18 +2,34 @@
 
 The LM head runs only at the positions whose next token is trained (completion tokens,
 not prompt or padding), in chunks of rows; with gradients each chunk is checkpointed, so
-at most one chunk of logits is alive at a time in forward and in backward.
+at most one chunk of logits is alive at a time in forward and in backward. Besides the
+log-prob of each token, the head can return log-probs at other given token ids ([N, L, K],
+e.g. a teacher's candidates) and the model's own top-k tokens (distillation).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 
+@dataclass
+class HeadOutput:
+    """The head's outputs, aligned to the token (value at [i, t] is about predicting token t)
+    and 0 where the target mask is 0."""
+
+    logprobs: torch.Tensor  # [N, L] log p(token t | < t)
+    entropy: torch.Tensor  # [N, L] entropy of that distribution
+    gathered: torch.Tensor | None = None  # [N, L, K] log-probs at the requested ids
+    topk_logprobs: torch.Tensor | None = None  # [N, L, K] the model's K most likely tokens: log-probs
+    topk_ids: torch.Tensor | None = None  # [N, L, K] ... and their ids
+
+
 def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-          temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+          temperature: float, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
+          top_k: int = 0, top_k_vocab: int | None = None) -> tuple[torch.Tensor, ...]:
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -22,7 +38,32 @@ def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs = torch.softmax(logits, dim=-1)
         entropy = lse - (probs * logits).sum(-1)
-    return logp, entropy
+    gathered = logits.gather(-1, gather_ids) - lse.unsqueeze(-1) if gather_ids is not None else None
+    topk_lp = topk_ids = None
+    if top_k:
+        vals, topk_ids = logits[:, :top_k_vocab].topk(top_k, dim=-1)
+        topk_lp = vals - lse.unsqueeze(-1)
+    return logp, entropy, gathered, topk_lp, topk_ids
+
+
+def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, *,
+                 shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, chunk_rows: int = 1024,
+                 temperature: float = 1.0, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
+                 top_k: int = 0, top_k_vocab: int | None = None) -> HeadOutput:
+    """Log-prob and entropy of every token where `target_mask` is set; with `gather_ids`
+    [N, L, K] also the log-probs at those ids, with `top_k` the model's own top-k (ids and
+    log-probs; among the first `top_k_vocab` ids when given). `shared` = (prompt_lens,
+    seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt)."""
+    n, length = input_ids.shape
+    if shared is None:
+        h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
+    else:
+        h, targets, flat_index = _shared_prompt_states(model, input_ids, attention_mask, target_mask, *shared)
+    flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
+    outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab)
+    lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
+    assert lp is not None and ent is not None
+    return HeadOutput(lp, ent, gathered, topk_lp, topk_ids)
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
@@ -31,36 +72,54 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     """log p(token t | < t) and the entropy of that distribution, as [N, L] tensors aligned
     to the token, computed where `target_mask` is set (0 elsewhere). Entropy is detached
     unless `entropy_grad` (for an entropy bonus in the loss)."""
-    n, length = input_ids.shape
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).last_hidden_state
-    select = target_mask[:, 1:] > 0
-    h = hidden[:, :-1][select]
-    targets = input_ids[:, 1:][select]
-    flat_lp, flat_ent = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad)
-    zeros = torch.zeros(n, length - 1, dtype=torch.float32, device=input_ids.device)
-    lp_full = zeros.masked_scatter(select, flat_lp)
-    ent_full = zeros.masked_scatter(select, flat_ent)
-    pad = torch.zeros(n, 1, dtype=torch.float32, device=input_ids.device)
-    return torch.cat([pad, lp_full], 1), torch.cat([pad, ent_full], 1)
+    out = token_scores(model, input_ids, attention_mask, target_mask, chunk_rows=chunk_rows,
+                       temperature=temperature, entropy_grad=entropy_grad)
+    return out.logprobs, out.entropy
 
 
-def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
-                  temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _place(flat: torch.Tensor | None, flat_index: torch.Tensor, n: int, length: int) -> torch.Tensor | None:
+    """Rows of a flat per-position tensor put back at their [N, L] token positions (0 elsewhere)."""
+    if flat is None:
+        return None
+    zeros = flat.new_zeros((n * length, *flat.shape[1:]))
+    return zeros.index_put((flat_index,), flat).view(n, length, *flat.shape[1:])
+
+
+def _body(model: Any) -> Any:
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
+def _row_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                target_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hidden states predicting each target token, the targets, and their flat [N * L] positions."""
+    length = input_ids.shape[1]
+    hidden = _body(model)(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).last_hidden_state
+    rows, cols = torch.nonzero(target_mask[:, 1:] > 0, as_tuple=True)  # the state at t predicts token t + 1
+    return hidden[rows, cols], input_ids[rows, cols + 1], rows * length + cols + 1
+
+
+def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int, temperature: float,
+                  entropy_grad: bool = False, gather_ids: torch.Tensor | None = None, top_k: int = 0,
+                  top_k_vocab: int | None = None) -> tuple[torch.Tensor | None, ...]:
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
     grad = torch.is_grad_enabled() and weight.requires_grad
-    lps, ents = [], []
+    parts: list[tuple[torch.Tensor | None, ...]] = []
     for s in range(0, h.shape[0], chunk_rows):
-        args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature, entropy_grad)
-        lp, ent = checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args)
-        lps.append(lp)
-        ents.append(ent)
-    if not lps:
+        g = gather_ids[s:s + chunk_rows] if gather_ids is not None else None
+        args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature, entropy_grad, g, top_k,
+                top_k_vocab)
+        parts.append(checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args))
+    if not parts:
+        k = gather_ids.shape[1] if gather_ids is not None else 0
         empty = h.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    ent = torch.cat(ents)
-    return torch.cat(lps), ent if entropy_grad else ent.detach()
+        return (empty, empty, h.new_zeros(0, k, dtype=torch.float32) if gather_ids is not None else None,
+                h.new_zeros(0, top_k, dtype=torch.float32) if top_k else None,
+                h.new_zeros(0, top_k, dtype=torch.long) if top_k else None)
+    out = [torch.cat(col) if col[0] is not None else None for col in zip(*parts)]
+    if not entropy_grad:
+        out[1] = out[1].detach()
+    return tuple(out)
 
 
 def same_prompt_within_groups(input_ids: torch.Tensor, prompt_lens: torch.Tensor, group_ids: torch.Tensor) -> bool:
@@ -83,6 +142,15 @@ def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_
     KV cache is shared by the group's completions (gradients flow through the cache): a
     group of n samples costs P + n*C tokens instead of n*(P + C). Only completion tokens
     (positions >= prompt length) can be targets."""
+    out = token_scores(model, input_ids, attention_mask, target_mask, shared=(prompt_lens, seq_lens, group_ids),
+                       chunk_rows=chunk_rows, temperature=temperature, entropy_grad=entropy_grad)
+    return out.logprobs, out.entropy
+
+
+def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          target_mask: torch.Tensor, prompt_lens: torch.Tensor, seq_lens: torch.Tensor,
+                          group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_row_states` with each group's prompt forwarded once and its KV cache shared."""
     from transformers import DynamicCache
 
     n, length = input_ids.shape
@@ -97,7 +165,7 @@ def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_
     p_att = (src >= 0).long()
     p_ids = input_ids[first_row].gather(1, src.clamp(min=0)) * p_att
     p_pos = (p_att.cumsum(-1) - 1).clamp(min=0)
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    body = _body(model)
     cache = DynamicCache()
     p_hidden = body(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, past_key_values=cache,
                     use_cache=True).last_hidden_state
@@ -118,11 +186,5 @@ def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_
     # the state predicting completion token t: the prompt's last state for t = 0, else completion t-1
     h = torch.cat([p_hidden[row_group, -1:], c_hidden[:, :-1]], 1)
     c_target = target_mask.gather(1, c_src) * c_att > 0
-    lp, ent = _chunked_head(model, h[c_target], c_ids[c_target], chunk_rows, temperature, entropy_grad)
-    out_lp = torch.zeros(n, length, dtype=torch.float32, device=dev)
-    out_ent = torch.zeros(n, length, dtype=torch.float32, device=dev)
     rows, cpos = torch.nonzero(c_target, as_tuple=True)
-    flat_index = rows * length + prompt_lens[rows] + cpos
-    out_lp = out_lp.flatten().index_put((flat_index,), lp).view(n, length)
-    out_ent = out_ent.flatten().index_put((flat_index,), ent).view(n, length)
-    return out_lp, out_ent
+    return h[c_target], c_ids[c_target], rows * length + prompt_lens[rows] + cpos
