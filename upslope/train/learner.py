@@ -91,10 +91,6 @@ class Learner:
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab)
 
-    def _forward(self, model: Any, mb: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self._scores(model, mb)
-        return out.logprobs, out.entropy
-
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float | None = None, top_k: int = 0,
               top_k_vocab: int | None = None) -> HeadOutput:
