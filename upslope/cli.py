@@ -11,6 +11,8 @@ USAGE = """upslope COMMAND [RECIPE.yaml] [key=value ...]
 
 commands:
   train    [RECIPE] [overrides]   train a policy (default: GRPO on one-digit multiplication)
+  sft      [RECIPE] [overrides]   supervised fine-tuning (or DFT) on data.path: chats or prompt/response pairs
+  rft      [RECIPE] [overrides]   rejection-sampling fine-tuning: sample, keep rewarded replies, fine-tune, repeat
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
@@ -76,6 +78,13 @@ def _dispatch(command: str, rest: list[str]) -> int:
         from upslope.train.api import train
 
         train(load_config(recipe, overrides))
+        return 0
+    if command in ("sft", "rft"):
+        recipe, overrides = _split_args(rest)
+        from upslope.train.rft import rft
+        from upslope.train.sft import sft
+
+        (sft if command == "sft" else rft)(load_config(recipe, overrides))
         return 0
     raise UpslopeError(f"unknown command '{command}' (train, eval, config); see upslope --help")
 
