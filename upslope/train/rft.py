@@ -80,7 +80,7 @@ class RFTTrainer(BaseTrainer):
         if r.write_samples:
             self.write_samples(kept, [idx[g] for g in kept.group_ids.tolist()], step)
         if not kept.size:
-            metrics["skipped"] = 1.0  # nothing passed the threshold: no update this round
+            metrics.update({"skipped": 1.0, "time/step": time.perf_counter() - t0})  # nothing passed: no update
             return metrics
         t3 = time.perf_counter()
         updates = math.ceil(kept.size / r.batch_size)
