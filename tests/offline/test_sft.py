@@ -33,6 +33,8 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "2 * 5 = 10\n\nSo: 10."}, {"role": "user", "content": "Now double it."},
      {"role": "assistant", "content": " 20"}, {"role": "user", "content": "Thanks!"}],
     [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi! 👋 <b>Hello</b>"}],
+    [{"role": "user", "content": "Spaces?"}, {"role": "assistant", "content": "  two leading spaces "},
+     {"role": "user", "content": "Newlines?"}, {"role": "assistant", "content": "\n\n56\n"}],
 ]
 
 
@@ -51,11 +53,10 @@ def segments(ids: list[int], mask: list[int]) -> list[list[int]]:
 # ---------------------------------------------------------------- the mask on the real template
 
 
-@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["two_turns", "system_three_users", "unicode"])
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["two_turns", "system_three_users", "unicode", "whitespace"])
 def test_mask_covers_exactly_each_assistant_reply_and_its_end_token(messages, tokenizer):
     ids, mask = assistant_mask(messages, tokenizer, [IM_END])
-    assert ids == tokenizer(tokenizer.apply_chat_template(messages, tokenize=False),
-                            add_special_tokens=False)["input_ids"]  # the exact render, tokenized once
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)  # the exact render
     replies = [m["content"] for m in messages if m["role"] == "assistant"]
     segs = segments(ids, mask)
     assert [tokenizer.decode(s) for s in segs] == [r + "<|im_end|>" for r in replies]
@@ -67,9 +68,30 @@ def test_mask_covers_exactly_each_assistant_reply_and_its_end_token(messages, to
             assert m["content"] in untrained
     assert untrained.count("<|im_start|>assistant\n") == len(replies)
     starts = [i for i in range(len(ids)) if mask[i] and (i == 0 or not mask[i - 1])]
-    for s in starts:
-        assert tokenizer.decode(ids[:s]).endswith("<|im_start|>assistant\n")
-        assert tokenizer.decode(ids[s + len(segs[starts.index(s)])]) == "\n"  # the separator is not trained
+    for k, (s, seg, j) in enumerate(zip(starts, segs, [j for j, m in enumerate(messages) if m["role"] == "assistant"])):
+        header = tokenizer.apply_chat_template(messages[:j], tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(ids[:s]) == header
+        if k == 0:  # the first reply's context is tokenised exactly as a prompt is for generation
+            assert ids[:s] == tokenizer(header, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids[s + len(seg)]) == "\n"  # the separator after <|im_end|> is not trained
+
+
+TEXT = st.lists(st.sampled_from(list("ab xyZ09*=?.\n\t,é中") + ["  ", "\n\n", "The ", " 42"]), max_size=8).map("".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.booleans(), st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3), st.booleans())
+def test_mask_property_on_random_conversations(tokenizer, system, turns, trailing_user):
+    """Any conversation: the trained runs decode to the replies plus <|im_end|>, and the ids
+    decode to the exact render."""
+    messages = [{"role": "system", "content": "sys"}] if system else []
+    for question, reply in turns:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+    if trailing_user:
+        messages.append({"role": "user", "content": "more"})
+    ids, mask = assistant_mask(messages, tokenizer, [IM_END])
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)
+    assert [tokenizer.decode(s) for s in segments(ids, mask)] == [r + "<|im_end|>" for _, r in turns]
 
 
 def test_single_turn_prompt_tokens_equal_the_rl_prompt_encoding(tokenizer):
