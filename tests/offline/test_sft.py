@@ -76,7 +76,8 @@ def test_mask_covers_exactly_each_assistant_reply_and_its_end_token(messages, to
         assert tokenizer.decode(ids[s + len(seg)]) == "\n"  # the separator after <|im_end|> is not trained
 
 
-TEXT = st.lists(st.sampled_from(list("ab xyZ09*=?.\n\t,é中") + ["  ", "\n\n", "The ", " 42"]), max_size=8).map("".join)
+PIECES = list("ab xyZ09*=?.\n\t,é中") + ["  ", "\n\n", "The ", " 42"]
+TEXT = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
 
 
 @settings(max_examples=40, deadline=None)

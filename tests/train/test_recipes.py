@@ -19,7 +19,7 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tmp_path):
                                "log.progress=false", "log.tensorboard=false", "log.plot=false",
                                "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
                                "train.steps=2", "train.eval_before=false", "train.eval_after=false",
-                               "rollout.max_resample_rounds=1"])
+                               "train.eval_every=0", "rollout.max_resample_rounds=1"])
     trainer = Trainer(cfg)
     try:
         trainer.run()

@@ -21,7 +21,8 @@ def sft_token_loss(logprobs: Tensor, mask: Tensor, *, dft: bool = False) -> Tens
     return torch.where(mask > 0, nll, torch.zeros_like(nll))
 
 
-def sft_loss(logprobs: Tensor, mask: Tensor, *, num_tokens: float, dft: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+def sft_loss(logprobs: Tensor, mask: Tensor, *, num_tokens: float,
+             dft: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-mean loss over the trained tokens: the sum over this (micro-)batch divided by the
     whole mini-batch's `num_tokens`, so micro-batch losses add up to the mini-batch's. Metrics:
     per-token NLL and probability of the trained tokens (detached)."""
