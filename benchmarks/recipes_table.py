@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRA = {"dapo": ["filter/groups_dropped", "rollout/prompts_drawn"], "gdpo": ["adv/std"], "ppo": ["critic/loss"]}
 
 
+def rl_recipes() -> list[str]:
+    """Recipes of `upslope train` (not those configuring sft, rft, dpo or distill)."""
+    import yaml
+
+    def rl(path: Path) -> bool:
+        raw = yaml.safe_load(path.read_text()) or {}
+        if any(k in raw for k in ("sft", "rft", "dpo", "distill")):
+            return False
+        return rl(path.parent / raw["base"]) if raw.get("base") else True
+
+    return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if rl(p))
+
+
 def run(recipe: str, steps: int, run_dir: Path, eval_before: bool) -> dict:
     cmd = [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
            f"train.steps={steps}", "train.eval_every=0", f"train.eval_before={str(eval_before).lower()}",
@@ -46,7 +59,7 @@ def run(recipe: str, steps: int, run_dir: Path, eval_before: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--recipes", nargs="*", default=sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
+    ap.add_argument("--recipes", nargs="*", default=rl_recipes(), help="default: every RL recipe (upslope train)")
     ap.add_argument("--work", default="/tmp/upslope-recipes")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipes.json"))
     a = ap.parse_args()

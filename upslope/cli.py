@@ -1,4 +1,4 @@
-"""The `upslope` command line: train, eval, config."""
+"""The `upslope` command line: the trainers (train, sft, rft, dpo, distill), eval, config."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,8 @@ USAGE = """upslope COMMAND [RECIPE.yaml] [key=value ...]
 
 commands:
   train    [RECIPE] [overrides]   train a policy (default: GRPO on one-digit multiplication)
+  sft      [RECIPE] [overrides]   supervised fine-tuning (or DFT) on data.path: chats or prompt/response pairs
+  rft      [RECIPE] [overrides]   rejection-sampling fine-tuning: sample, keep rewarded replies, fine-tune, repeat
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   config show [RECIPE] [overrides]  print the resolved config
@@ -72,19 +74,14 @@ def _dispatch(command: str, rest: list[str]) -> int:
         from upslope.eval.cli import run_eval_command
 
         return run_eval_command(load_config(recipe, overrides))
-    if command == "train":
-        recipe, overrides = _split_args(rest)
-        from upslope.train.api import train
+    from upslope.train.api import TRAINERS, run_trainer
 
-        train(load_config(recipe, overrides))
-        return 0
-    if command == "distill":
+    if command in TRAINERS:
         recipe, overrides = _split_args(rest)
-        from upslope.train.distill import distill
-
-        distill(load_config(recipe, overrides))
+        run_trainer(command, load_config(recipe, overrides))
         return 0
-    raise UpslopeError(f"unknown command '{command}' (train, eval, config); see upslope --help")
+    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'config'])}); "
+                       f"see upslope --help")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,32 @@ class DistillConfig(Section):
     log_reward: bool = opt(True, "score the student's samples with the task reward (logged, not trained on)")
 
 
+class SFTConfig(Section):
+    """`upslope sft`: supervised fine-tuning on data.path (chats via data.messages_field, or
+    data.prompt_field + response_field); the loss covers assistant tokens only."""
+
+    batch_size: int = opt(8, "conversations per optimiser step", ge=1)
+    dft: bool = opt(False, "DFT: weight each token's NLL by its detached probability (sft and rft)")
+    response_field: str = opt("response", "field holding the reply in prompt/response rows")
+    epochs: float | None = opt(None, "when set, train.steps = ceil(epochs x conversations / batch_size)", gt=0)
+    max_tokens: int = opt(2048, "longer conversations are an error (or dropped with drop_long)", ge=2)
+    drop_long: bool = opt(False, "drop conversations over max_tokens instead of failing")
+
+
+class RFTConfig(Section):
+    """`upslope rft` (rejection-sampling fine-tuning / expert iteration): each train step is a
+    round: rollout.n samples for prompts_per_round prompts, keep reward >= threshold,
+    fine-tune on them with the SFT loss."""
+
+    prompts_per_round: int = opt(64, "prompts sampled per round", ge=1)
+    threshold: float = opt(1.0, "keep completions whose combined reward is >= this")
+    dedupe: bool = opt(True, "keep identical completions of a prompt once")
+    max_per_prompt: int | None = opt(None, "keep at most this many completions per prompt (None: all)", ge=1)
+    epochs: int = opt(1, "passes over the kept samples per round", ge=1)
+    batch_size: int = opt(16, "kept samples per optimiser step (mini-batches of whole prompt groups)", ge=1)
+    write_samples: bool = opt(True, "append kept samples to RUN/rft_samples.jsonl (a chat dataset for upslope sft)")
+
+
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
@@ -206,6 +232,8 @@ class Config(Section):
     eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
     log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
     distill: DistillConfig = opt_factory(DistillConfig, "on-policy distillation: teacher and loss (upslope distill)")
+    sft: SFTConfig = opt_factory(SFTConfig, "supervised fine-tuning (upslope sft; the loss is shared by rft)")
+    rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":

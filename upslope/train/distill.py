@@ -13,7 +13,7 @@ import torch
 from upslope.algos.aggregate import aggregate
 from upslope.algos.distill import DistillInputs, distill_metrics
 from upslope.batch import Batch
-from upslope.config import Config, load_config
+from upslope.config import Config
 from upslope.data import load_examples
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError
@@ -106,11 +106,8 @@ class DistillTrainer(BaseTrainer):
 
 
 def distill(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Distil a teacher into the policy with a Config (or a recipe path plus overrides); returns
-    the before/after evaluation."""
-    cfg = config if isinstance(config, Config) else load_config(config, overrides)
-    trainer = DistillTrainer(cfg)
-    try:
-        return trainer.run()
-    finally:
-        trainer.close()
+    """`upslope distill` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
+    from upslope.train.api import run_trainer
+
+    return run_trainer("distill", config, overrides)
+

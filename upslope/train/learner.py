@@ -117,28 +117,32 @@ class Learner:
 
     # ------------------------------------------------------------------ update
 
-    def mini_batches(self, batch: Batch, step: int) -> Iterator[Batch]:
-        """The batch split into `updates_per_batch` mini-batches, for each epoch; whole groups
-        stay together when the split allows."""
+    def mini_batches(self, batch: Batch, step: int, updates: int | None = None,
+                     epochs: int | None = None) -> Iterator[Batch]:
+        """The batch split into `updates` mini-batches (default train.updates_per_batch), for each
+        of `epochs` passes (default train.epochs_per_batch); whole groups stay together."""
         t = self.cfg.train
+        updates = updates or t.updates_per_batch
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
-        for _ in range(t.epochs_per_batch):
+        for _ in range(epochs or t.epochs_per_batch):
             groups = batch.group_ids.unique()
-            groups = groups[torch.randperm(len(groups), generator=gen)] if t.updates_per_batch > 1 else groups
-            for part in torch.tensor_split(groups, min(t.updates_per_batch, len(groups))):
+            groups = groups[torch.randperm(len(groups), generator=gen)] if updates > 1 else groups
+            for part in torch.tensor_split(groups, min(updates, len(groups))):
                 rows = torch.nonzero(torch.isin(batch.group_ids, part)).flatten()
                 yield batch.select(rows)
 
-    def optimize(self, batch: Batch, step: int, loss_fn: LossFn,
+    def optimize(self, batch: Batch, step: int, loss_fn: LossFn, updates: int | None = None,
+                 epochs: int | None = None,
                  gather: Callable[[Batch], torch.Tensor] | None = None) -> dict[str, float]:
         """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
-        optimiser steps, each accumulated over token-budget micro-batches. `loss_fn(lp, ent, mb,
-        norms)` returns the micro-batch's share of the mini-batch loss (normalised by `norms`,
-        the mini-batch's token and sequence counts) and per-token-mean metrics. With `gather`
-        (micro-batch -> token ids [n, L, K]) the policy's log-probs at those ids are computed in
-        the same forward, with gradient, and passed as a fifth argument: loss_fn(..., gathered)."""
+        optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
+        micro-batches. `loss_fn(lp, ent, mb, norms)` returns the micro-batch's share of the
+        mini-batch loss (normalised by `norms`, the mini-batch's token and sequence counts) and
+        per-token-mean metrics. With `gather` (micro-batch -> token ids [n, L, K]) the policy's
+        log-probs at those ids are computed in the same forward, with gradient, and passed as a
+        fifth argument: loss_fn(..., gathered)."""
         sums: dict[str, float] = defaultdict(float)
-        for mini in self.mini_batches(batch, step):
+        for mini in self.mini_batches(batch, step, updates, epochs):
             norms = loss_normalizers(mini.loss_mask)
             for idx in self.micro_batches(mini):
                 mb = mini.select(idx).to(self.device)

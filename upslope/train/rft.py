@@ -1,0 +1,118 @@
+"""`upslope rft`: rejection-sampling fine-tuning (expert iteration). Each train step is one
+round: sample rollout.n completions for rft.prompts_per_round prompts with the current policy,
+keep those whose reward passes rft.threshold, fine-tune on them with the SFT loss (rft.epochs
+passes, mini-batches of about rft.batch_size samples), push the weights to the engine."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from upslope.algos.rejection import keep_indices
+from upslope.batch import Batch
+from upslope.config import Config
+from upslope.data import load_examples
+from upslope.data.samplers import UniformSampler
+from upslope.errors import ConfigError
+from upslope.registry import REWARD_COMBINERS
+from upslope.rewards import build_reward_fns
+from upslope.train import stages
+from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.sft import check_supervised, supervised_loss
+
+SAMPLES_FILE = "rft_samples.jsonl"
+
+
+class RFTTrainer(BaseTrainer):
+    """Rounds of sample -> reward -> keep -> fine-tune -> sync; `train.steps` is the number of
+    rounds, and `train.eval_every=1` evaluates after every round."""
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.learner.temperature = 1.0  # fine-tune the model's own distribution
+
+    def check_config(self) -> None:
+        check_supervised(self.cfg, "rft")
+        if self.cfg.optim.schedule != "constant":
+            raise ConfigError(f"optim.schedule={self.cfg.optim.schedule}: upslope rft needs a constant schedule "
+                              f"(the number of updates per round depends on how many samples are kept)")
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
+        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                              where="algo.reward_combiner.options")
+        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.loss_fn = supervised_loss(cfg.sft.dft)
+        self.samples_path = self.run_dir / SAMPLES_FILE
+        if not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
+            self.samples_path.unlink()
+
+    def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
+        """Drop samples written by rounds after the checkpoint (they are sampled again)."""
+        if self.samples_path.exists():
+            step = int(state["step"])
+            rows = [x for x in self.samples_path.read_text().splitlines() if json.loads(x)["round"] <= step]
+            self.samples_path.write_text("".join(r + "\n" for r in rows))
+
+    def step(self, step: int) -> dict[str, Any]:
+        cfg, r = self.cfg, self.cfg.rft
+        seed_step(cfg.train.seed, step)
+        t0 = time.perf_counter()
+        idx = self.sampler.next(r.prompts_per_round)
+        batch = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx], [self.examples[i] for i in idx],
+                               self.sampling(step), self.runtime.tokenizer.pad_token_id)
+        t1 = time.perf_counter()
+        batch, metrics = stages.reward(batch, self.reward_fns, self.combiner, cfg.reward_fallback)
+        metrics.update(stages.rollout_metrics(batch))
+        t2 = time.perf_counter()
+        keys = [tuple(batch.input_ids[i, int(batch.prompt_lens[i]):int(batch.seq_lens[i])].tolist())
+                for i in range(batch.size)]
+        kept_idx = keep_indices(batch.rewards.tolist(), batch.group_ids.tolist(), keys, threshold=r.threshold,
+                                dedupe=r.dedupe, max_per_prompt=r.max_per_prompt)
+        kept = batch.select(kept_idx)
+        metrics.update({"rft/kept": float(len(kept_idx)), "rft/kept_frac": len(kept_idx) / batch.size,
+                        "rft/prompts_with_kept": float(kept.num_groups if kept.size else 0) / len(idx),
+                        "time/rollout": t1 - t0, "time/reward": t2 - t1})
+        if r.write_samples:
+            self.write_samples(kept, [idx[g] for g in kept.group_ids.tolist()], step)
+        if not kept.size:
+            metrics.update({"skipped": 1.0, "time/step": time.perf_counter() - t0})  # nothing passed: no update
+            return metrics
+        t3 = time.perf_counter()
+        updates = math.ceil(kept.size / r.batch_size)
+        metrics.update(self.learner.optimize(kept, step, self.loss_fn, updates=updates, epochs=r.epochs))
+        t4 = time.perf_counter()
+        self.sync_weights()
+        t5 = time.perf_counter()
+        tokens = float(self.learner.forwarded_tokens(kept)) * r.epochs
+        metrics.update({"time/learner": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0,
+                        "learner/tokens": tokens, "learner/tokens_per_s": tokens / max(t4 - t3, 1e-9)})
+        return metrics
+
+    def write_samples(self, kept: Batch, example_idx: list[int], step: int) -> None:
+        """Append the kept samples as chat rows (the prompt's messages, then the reply), so the
+        file is an `upslope sft` dataset (data.messages_field=messages)."""
+        self.samples_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.samples_path, "a") as fh:
+            for i, e in enumerate(example_idx):
+                ex = self.examples[e]
+                msgs = ex.messages(self.cfg.data.system_prompt) + [{"role": "assistant",
+                                                                    "content": kept.meta[i]["completion"]}]
+                fh.write(json.dumps({"messages": msgs, "answer": ex.answer, "reward": float(kept.rewards[i]),
+                                     "round": step, "example_id": ex.id,
+                                     "truncated": bool(kept.truncated[i])}, default=str) + "\n")
+
+    def title(self) -> str:
+        return "RFT (DFT)" if self.cfg.sft.dft else "RFT"
+
+
+def rft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope rft` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
+    from upslope.train.api import run_trainer
+
+    return run_trainer("rft", config, overrides)
+

@@ -1,0 +1,99 @@
+"""`upslope sft`: supervised fine-tuning (and DFT) on chat or prompt/response data, on the
+shared loop (BaseTrainer) and update (Learner.optimize). The loss covers assistant tokens
+only; evaluation is held-out accuracy on eval.data (default: the task named by data.task)."""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from upslope.algos.sft import sft_loss
+from upslope.batch import Batch
+from upslope.config import Config, DataConfig
+from upslope.data.samplers import UniformSampler
+from upslope.data.sft import encode_conversations, load_conversations, sft_batch
+from upslope.errors import ConfigError
+from upslope.logs.progress import console
+from upslope.train.learner import LossFn
+from upslope.train.loop import BaseTrainer, seed_step
+
+
+def supervised_loss(dft: bool) -> LossFn:
+    """The Learner loss closure for SFT/RFT: token-mean NLL (or DFT) over loss_mask."""
+
+    def loss_fn(lp: Any, ent: Any, mb: Batch, norms: dict[str, float]) -> tuple[Any, dict[str, float]]:
+        loss, metrics = sft_loss(lp, mb.loss_mask, num_tokens=norms["num_tokens"], dft=dft)
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+    return loss_fn
+
+
+def check_supervised(cfg: Config, command: str) -> None:
+    """Options a supervised trainer cannot honour: one ConfigError line."""
+    if cfg.algo.kl_coef > 0:
+        raise ConfigError(f"algo.kl_coef={cfg.algo.kl_coef}: upslope {command} has no KL term (set algo.kl_coef=0)")
+
+
+class SFTTrainer(BaseTrainer):
+    """Each step: `sft.batch_size` conversations from a seeded sampler (epochs over the data,
+    checkpointed), one Learner.optimize with the SFT loss. The engine starts only to evaluate."""
+
+    uses_engine = False
+
+    def __init__(self, cfg: Config):
+        super().__init__(with_task_eval(cfg))
+        self.learner.temperature = 1.0  # the model's own distribution, not a sampling temperature
+
+    def check_config(self) -> None:
+        check_supervised(self.cfg, "sft")
+        if not self.cfg.data.path:
+            raise ConfigError("upslope sft needs data.path: a JSONL/Parquet file or dataset directory with a chat "
+                              "(data.messages_field) or prompt/response fields per row")
+
+    def setup(self) -> None:
+        cfg, s = self.cfg, self.cfg.sft
+        convs = load_conversations(cfg.data, s.response_field)
+        self.examples = encode_conversations(convs, self.runtime.tokenizer, self.runtime.stop_ids,
+                                             max_tokens=s.max_tokens, drop_long=s.drop_long)
+        if len(self.examples) < len(convs):
+            console.print(f"[yellow]dropped {len(convs) - len(self.examples)} conversations over sft.max_tokens[/]")
+        if s.epochs is not None:  # before the Learner exists, so its schedule spans these steps
+            cfg.train.steps = max(1, math.ceil(s.epochs * len(self.examples) / s.batch_size))
+        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.loss_fn = supervised_loss(s.dft)
+
+    def step(self, step: int) -> dict[str, Any]:
+        seed_step(self.cfg.train.seed, step)
+        t0 = time.perf_counter()
+        idx = self.sampler.next(self.cfg.sft.batch_size)
+        batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
+        metrics = self.learner.optimize(batch, step, self.loss_fn)
+        dt = time.perf_counter() - t0
+        tokens = float(self.learner.forwarded_tokens(batch))
+        metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()), "learner/tokens": tokens,
+                        "learner/tokens_per_s": tokens / max(dt, 1e-9), "time/learner": dt, "time/step": dt,
+                        "sft/epoch": self.sampler.epoch + self.sampler.position / len(self.examples)})
+        return metrics
+
+    def title(self) -> str:
+        return "SFT (DFT)" if self.cfg.sft.dft else "SFT"
+
+
+def with_task_eval(cfg: Config) -> Config:
+    """A copy of `cfg` whose held-out evaluation is eval.data or, when unset, the built-in task
+    data.task (the training file has no held-out split or reward of its own)."""
+    cfg = cfg.model_copy(deep=True)
+    if cfg.eval.data is None:
+        d = cfg.data
+        cfg.eval.data = DataConfig(task=d.task, options=d.options, system_prompt=d.system_prompt)
+    return cfg
+
+
+def sft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope sft` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
+    from upslope.train.api import run_trainer
+
+    return run_trainer("sft", config, overrides)
+
+
+
