@@ -12,6 +12,7 @@ USAGE = """upslope COMMAND [RECIPE.yaml] [key=value ...]
 commands:
   train    [RECIPE] [overrides]   train a policy (default: GRPO on one-digit multiplication)
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
+  dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
 
@@ -76,6 +77,12 @@ def _dispatch(command: str, rest: list[str]) -> int:
         from upslope.train.api import train
 
         train(load_config(recipe, overrides))
+        return 0
+    if command == "dpo":
+        recipe, overrides = _split_args(rest)
+        from upslope.train.dpo import dpo
+
+        dpo(load_config(recipe, overrides))
         return 0
     raise UpslopeError(f"unknown command '{command}' (train, eval, config); see upslope --help")
 

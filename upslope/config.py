@@ -176,6 +176,25 @@ class LogConfig(Section):
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
 
 
+class DPOConfig(Section):
+    """Preference optimisation (`upslope dpo`): DPO, IPO or SimPO on pairs from a file or from
+    the policy's own samples scored by the reward(s)."""
+
+    loss: Plugin = opt(Plugin(name="sigmoid"), "preference loss (registry: preference_loss): sigmoid (DPO), "
+                       "ipo, simpo; options: beta, label_smoothing (sigmoid, simpo), gamma (simpo)")
+    source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's own samples (best vs "
+                                                  "worst of a group, by the reward) or from the file dpo.path")
+    pairs_per_step: int = opt(16, "pairs per step; on_policy: rollout rounds of rollout.prompts_per_step prompts "
+                                  "(at most 1 + rollout.max_resample_rounds) until this many are built", ge=1)
+    path: str | None = opt(None, "source=dataset: JSONL / Parquet file or HF dataset directory of pairs")
+    split: str | None = opt(None, "split of an HF dataset directory")
+    prompt_field: str = opt("prompt", "field holding the prompt (text or chat messages)")
+    chosen_field: str = opt("chosen", "field holding the preferred reply (text, or messages ending with it)")
+    rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
+    limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
+    shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+
+
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
@@ -190,6 +209,7 @@ class Config(Section):
     train: TrainConfig = opt_factory(TrainConfig, "training loop")
     eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
     log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
+    dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":
