@@ -30,6 +30,7 @@ def tiny(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:
             "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=4", "rollout.n=4",
             "rollout.max_new_tokens=6", "rollout.max_resample_rounds=0", "dpo.pairs_per_step=3",
             "train.eval_before=false", "train.eval_after=false", "train.micro_batch_tokens=512", "train.steps=2",
+            "train.threads=1",
             *extra]
 
 
@@ -127,7 +128,7 @@ def test_on_policy_reference_once_per_rollout_batch(loss, passes, tiny_model_pat
 
 def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     """2 steps == 1 step, stop, resume, 1 step (the cached reference log-probs come from the checkpoint)."""
-    common = [*file_args(tmp_path), "dpo.pairs_per_step=2", "train.deterministic=true", "train.threads=1",
+    common = [*file_args(tmp_path), "dpo.pairs_per_step=2", "train.deterministic=true",
               "optim.lr=1e-3", "train.save_every=1"]
     run(tiny(tiny_model_path, tmp_path / "straight", *common))
     run(tiny(tiny_model_path, tmp_path / "split", *common, "train.stop_after=1"))
