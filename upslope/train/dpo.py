@@ -70,7 +70,8 @@ class DPOTrainer(BaseTrainer):
         cfg, d = self.cfg, self.cfg.dpo
         self.loss_fn = PREFERENCE_LOSSES.bind(d.loss.name, d.loss.options, where="dpo.loss.options")
         self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).attrs.get("reference", True))
-        pad = self.runtime.tokenizer.pad_token_id
+        self.pad_id = self.runtime.tokenizer.pad_token_id
+        self.ref_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # file pairs: index -> (c, r)
         if d.source == "dataset":
             pairs = load_pairs(d)
             prompt_ids, kept = self.encode_prompts([p.prompt for p in pairs])
@@ -81,7 +82,6 @@ class DPOTrainer(BaseTrainer):
             replies = reply_ids(pairs, tok, end)
             self.pairs = [(p, c, r) for p, (c, r) in zip(prompt_ids, replies)]
             self.sampler = UniformSampler(len(self.pairs), seed=cfg.train.seed, shuffle=d.shuffle)
-            self.ref_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
             console.print(f"[dim]{len(self.pairs)} preference pairs from {d.path}[/dim]")
         else:
             self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
@@ -89,7 +89,6 @@ class DPOTrainer(BaseTrainer):
             self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                                   where="algo.reward_combiner.options")
             self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.pad_id = pad
 
     def title(self) -> str:
         return f"dpo ({self.cfg.dpo.loss.name}, {self.cfg.dpo.source.replace('_', '-')} pairs)"
@@ -212,7 +211,7 @@ class DPOTrainer(BaseTrainer):
     # ------------------------------------------------------------------ checkpoint state
 
     def extra_state(self) -> dict[str, Any]:
-        return {"dpo_reference": self.ref_cache} if getattr(self, "ref_cache", None) is not None else {}
+        return {"dpo_reference": self.ref_cache} if self.ref_cache is not None else {}
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.cfg.dpo.source == "dataset" and self.needs_reference:
