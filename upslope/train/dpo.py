@@ -179,6 +179,7 @@ class DPOTrainer(BaseTrainer):
         if batch.size == 0:
             metrics["skipped"] = 1.0  # no group had differing rewards: nothing to learn from this step
             return metrics
+        assert bool((batch.loss_mask.sum(1) > 0).all()), "every reply has at least its end token"
         learner = self.learner
         t1 = time.perf_counter()
         if self.needs_reference and batch.ref_logprobs is None:  # on-policy: once per rollout batch
