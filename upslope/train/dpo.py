@@ -101,6 +101,10 @@ class DPOTrainer(BaseTrainer):
         batch = pair_batch(p, c, r, list(range(len(indices))), self.pad_id)
         if self.needs_reference:
             assert self.ref_cache is not None
+            missing = [i for i in indices if i not in self.ref_cache]
+            if missing:  # only when train.steps grew on resume: the initial policy is gone
+                raise UpslopeError(f"pair {missing[0]} of {self.cfg.dpo.path} has no cached reference log-probs "
+                                   f"(train.steps was raised after the run started); start a new run")
             batch.ref_logprobs = completion_values(batch, [t for i in indices for t in self.ref_cache[i]])
         return batch
 
