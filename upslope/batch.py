@@ -108,10 +108,12 @@ def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int) -> list[list[in
 
 
 def group_micro_batch_indices(prompt_lens: torch.Tensor, seq_lens: torch.Tensor, group_ids: torch.Tensor,
-                              max_tokens: int) -> list[list[int]]:
+                              max_tokens: int, split_oversized: bool = True) -> list[list[int]]:
     """Micro-batches of whole groups for the shared-prompt forward, whose cost
     (groups x longest prompt + rows x longest completion) stays within `max_tokens`;
-    a group too large for the budget is split into parts."""
+    a group too large for the budget is split into parts (or, without `split_oversized`,
+    gets a micro-batch of its own). With prompt_lens 0 the cost is rows x longest row, that
+    of the plain forward."""
     comp = seq_lens - prompt_lens
     groups = sorted(group_ids.unique().tolist(), key=lambda g: -int(seq_lens[group_ids == g].max()))
     chunks: list[list[int]] = []
@@ -127,7 +129,7 @@ def group_micro_batch_indices(prompt_lens: torch.Tensor, seq_lens: torch.Tensor,
         if cur and cost(cur_groups + 1, len(cur) + len(rows), max(pmax, gp), max(cmax, gc)) > max_tokens:
             chunks.append(cur)
             cur, cur_groups, pmax, cmax = [], 0, 0, 0
-        if cost(1, len(rows), gp, gc) > max_tokens:  # split an oversized group
+        if split_oversized and cost(1, len(rows), gp, gc) > max_tokens:  # split an oversized group
             per = max(1, (max_tokens - gp) // max(gc, 1))
             for s in range(0, len(rows), per):
                 chunks.append(rows[s:s + per])

@@ -15,6 +15,7 @@ commands:
   rft      [RECIPE] [overrides]   rejection-sampling fine-tuning: sample, keep rewarded replies, fine-tune, repeat
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
+  dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
 

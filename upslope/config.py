@@ -217,6 +217,25 @@ class RFTConfig(Section):
     write_samples: bool = opt(True, "append kept samples to RUN/rft_samples.jsonl (a chat dataset for upslope sft)")
 
 
+class DPOConfig(Section):
+    """Preference optimisation (`upslope dpo`): DPO, IPO or SimPO on pairs from a file or from
+    the policy's own samples scored by the reward(s)."""
+
+    loss: Plugin = opt(Plugin(name="sigmoid"), "preference loss (registry: preference_loss): sigmoid (DPO), "
+                       "ipo, simpo; options: beta, label_smoothing (sigmoid, simpo), gamma (simpo)")
+    source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's own samples (best vs "
+                                                  "worst of a group, by the reward) or from the file dpo.path")
+    pairs_per_step: int = opt(16, "pairs per step; on_policy: rollout rounds of rollout.prompts_per_step prompts "
+                                  "(at most 1 + rollout.max_resample_rounds) until this many are built", ge=1)
+    path: str | None = opt(None, "source=dataset: JSONL / Parquet file or HF dataset directory of pairs")
+    split: str | None = opt(None, "split of an HF dataset directory")
+    prompt_field: str = opt("prompt", "field holding the prompt (text or chat messages)")
+    chosen_field: str = opt("chosen", "field holding the preferred reply (text, or messages ending with it)")
+    rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
+    limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
+    shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+
+
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
@@ -234,6 +253,7 @@ class Config(Section):
     distill: DistillConfig = opt_factory(DistillConfig, "on-policy distillation: teacher and loss (upslope distill)")
     sft: SFTConfig = opt_factory(SFTConfig, "supervised fine-tuning (upslope sft; the loss is shared by rft)")
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
+    dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":

@@ -1,3 +1,4 @@
 """Algorithm plugins: advantages, policy losses, KL, filters, reward combiners; importing registers them."""
 from upslope.algos import advantages, aggregate, combiners, correction, filters, kl, losses  # noqa: F401
 from upslope.algos import distill  # noqa: F401  (distillation losses)
+from upslope.algos import preference  # noqa: F401,E402  (preference losses for `upslope dpo`)

@@ -12,6 +12,7 @@ TRAINERS = {
     "sft": "upslope.train.sft:SFTTrainer",
     "rft": "upslope.train.rft:RFTTrainer",
     "distill": "upslope.train.distill:DistillTrainer",
+    "dpo": "upslope.train.dpo:DPOTrainer",
 }
 
 

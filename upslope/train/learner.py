@@ -35,10 +35,10 @@ class Learner:
         if cfg.train.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
+        self.model_path = model_path
         self.ref = None
         if cfg.algo.kl_coef > 0:  # no reference model at all unless KL is used
-            self.ref = load_model(model_path, cfg.model.dtype).to(self.device).eval()
-            self.ref.requires_grad_(False)
+            self.load_reference()
             self.kl_fn = KL_ESTIMATORS.bind(cfg.algo.kl_estimator, where="algo.kl_estimator")
         a = cfg.algo
         self.kl_ctl = (AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target
@@ -49,6 +49,12 @@ class Learner:
         total = cfg.train.steps * cfg.train.updates_per_batch * cfg.train.epochs_per_batch
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, total)
         self.temperature = cfg.rollout.temperature or 1.0
+
+    def load_reference(self) -> None:
+        """Load the frozen reference (the initial model) once, for methods that need one."""
+        if self.ref is None:
+            self.ref = load_model(self.model_path, self.cfg.model.dtype).to(self.device).eval()
+            self.ref.requires_grad_(False)
 
     # ------------------------------------------------------------------ forward passes
 
@@ -62,10 +68,16 @@ class Learner:
         gradient checkpointing, which disables HF's cache."""
         return self.cfg.train.share_prompt and not self.cfg.train.grad_checkpointing
 
-    def micro_batches(self, batch: Batch) -> list[list[int]]:
+    def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
+        """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
+        losses that compare a group's rows, e.g. a preference pair's chosen and rejected)."""
         budget = self.cfg.train.micro_batch_tokens
         if self.share_prompt:
-            return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget)
+            return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget,
+                                             split_oversized=not whole_groups)
+        if whole_groups:
+            return group_micro_batch_indices(torch.zeros_like(batch.prompt_lens), batch.seq_lens, batch.group_ids,
+                                             budget, split_oversized=False)
         return micro_batch_indices(batch.seq_lens, budget)
 
     def forwarded_tokens(self, batch: Batch) -> int:
@@ -132,19 +144,20 @@ class Learner:
                 yield batch.select(rows)
 
     def optimize(self, batch: Batch, step: int, loss_fn: LossFn, updates: int | None = None,
-                 epochs: int | None = None,
-                 gather: Callable[[Batch], torch.Tensor] | None = None) -> dict[str, float]:
+                 epochs: int | None = None, gather: Callable[[Batch], torch.Tensor] | None = None,
+                 whole_groups: bool = False) -> dict[str, float]:
         """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
         optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
         micro-batches. `loss_fn(lp, ent, mb, norms)` returns the micro-batch's share of the
         mini-batch loss (normalised by `norms`, the mini-batch's token and sequence counts) and
         per-token-mean metrics. With `gather` (micro-batch -> token ids [n, L, K]) the policy's
         log-probs at those ids are computed in the same forward, with gradient, and passed as a
-        fifth argument: loss_fn(..., gathered)."""
+        fifth argument: loss_fn(..., gathered). With `whole_groups` every micro-batch holds whole
+        groups, whatever train.share_prompt."""
         sums: dict[str, float] = defaultdict(float)
         for mini in self.mini_batches(batch, step, updates, epochs):
             norms = loss_normalizers(mini.loss_mask)
-            for idx in self.micro_batches(mini):
+            for idx in self.micro_batches(mini, whole_groups):
                 mb = mini.select(idx).to(self.device)
                 out = self._scores(self.model, mb, gather_ids=gather(mb) if gather is not None else None)
                 lp, ent = out.logprobs, out.entropy

@@ -1,0 +1,107 @@
+"""Preference losses: `fn(policy, reference, *, options) -> PreferenceOut`, over per-sequence log-probs.
+
+`policy` and `reference` are `PairLogps`: for P pairs, the summed log-probs of each pair's
+chosen and rejected completion (sum of token log-probs x loss mask) and their token counts.
+`reference` is None for reference-free losses (registered with `reference=False`).
+Each loss returns the per-pair loss [P] (to be minimised; the trainer averages it over
+pairs) and the implicit rewards of the chosen and rejected completions [P] (detached);
+their difference is the reward margin, and the fraction of pairs with margin > 0 is the
+preference accuracy.
+
+Options are checked when the loss is bound from the config (`dpo.loss.options`).
+"""
+from __future__ import annotations
+
+from typing import Annotated, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from upslope.errors import ConfigError
+from upslope.registry import PREFERENCE_LOSSES
+
+Beta = Annotated[float, Field(gt=0)]
+Smoothing = Annotated[float, Field(ge=0, lt=0.5)]
+
+
+class PairLogps(NamedTuple):
+    """Summed completion log-probs of P preference pairs and the completions' token counts."""
+
+    chosen: Tensor  # [P]
+    rejected: Tensor  # [P]
+    chosen_tokens: Tensor  # [P], tokens trained on (loss mask) in the chosen completion
+    rejected_tokens: Tensor  # [P]
+
+    def mean(self) -> "PairLogps":
+        """Length-averaged log-probs (sum / token count; an empty completion counts as one token)."""
+        return self._replace(chosen=self.chosen / self.chosen_tokens.clamp(min=1),
+                             rejected=self.rejected / self.rejected_tokens.clamp(min=1))
+
+
+class PreferenceOut(NamedTuple):
+    loss: Tensor  # [P] per-pair loss
+    chosen_reward: Tensor  # [P] implicit reward of the chosen completion (detached)
+    rejected_reward: Tensor  # [P] implicit reward of the rejected completion (detached)
+
+
+def bradley_terry_loss(h: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """-(1 - e) log sigmoid(h) - e log sigmoid(-h): the negative log-likelihood that the chosen
+    completion wins under a Bradley-Terry model with score difference h, when a label is
+    flipped with probability e (conservative DPO, Mitchell 2023)."""
+    loss = -F.logsigmoid(h)
+    return loss if not label_smoothing else (1 - label_smoothing) * loss - label_smoothing * F.logsigmoid(-h)
+
+
+def _need(reference: PairLogps | None, name: str) -> PairLogps:
+    if reference is None:
+        raise ConfigError(f"preference loss '{name}' needs reference log-probs")
+    return reference
+
+
+@PREFERENCE_LOSSES.register("sigmoid", reference=True)
+def sigmoid(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1,
+            label_smoothing: Smoothing = 0.0) -> PreferenceOut:
+    """DPO (Rafailov et al., 2023): -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))) on summed log-probs."""
+    ref = _need(reference, "sigmoid")
+    chosen = beta * (policy.chosen - ref.chosen)
+    rejected = beta * (policy.rejected - ref.rejected)
+    return PreferenceOut(bradley_terry_loss(chosen - rejected, label_smoothing), chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("ipo", reference=True)
+def ipo(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1) -> PreferenceOut:
+    """IPO (Azar et al., 2023): (h - 1/(2 beta))^2, h the log-ratio difference of length-averaged log-probs."""
+    pol, ref = policy.mean(), _need(reference, "ipo").mean()
+    chosen, rejected = pol.chosen - ref.chosen, pol.rejected - ref.rejected
+    loss = (chosen - rejected - 1 / (2 * beta)) ** 2
+    return PreferenceOut(loss, (beta * chosen).detach(), (beta * rejected).detach())
+
+
+@PREFERENCE_LOSSES.register("simpo", reference=False)
+def simpo(policy: PairLogps, reference: PairLogps | None = None, *, beta: Beta = 2.0, gamma: float = 1.0,
+          label_smoothing: Smoothing = 0.0) -> PreferenceOut:
+    """SimPO (Meng et al., 2024), reference-free: -log sigmoid(beta (avg_lp_c - avg_lp_r) - gamma)."""
+    pol = policy.mean()
+    chosen, rejected = beta * pol.chosen, beta * pol.rejected
+    loss = bradley_terry_loss(chosen - rejected - gamma, label_smoothing)
+    return PreferenceOut(loss, chosen.detach(), rejected.detach())
+
+
+def preference_metrics(outs: list[PreferenceOut], policy: list[PairLogps]) -> dict[str, float]:
+    """Means over every pair seen: loss, implicit rewards, margin, accuracy (margin > 0), log-probs."""
+    if not outs:
+        return {}
+    cat = lambda xs: torch.cat([x.detach().float().cpu() for x in xs])  # noqa: E731
+    chosen, rejected = cat([o.chosen_reward for o in outs]), cat([o.rejected_reward for o in outs])
+    margin = chosen - rejected
+    return {
+        "pref/loss": float(cat([o.loss for o in outs]).mean()),
+        "pref/chosen_reward": float(chosen.mean()),
+        "pref/rejected_reward": float(rejected.mean()),
+        "pref/margin": float(margin.mean()),
+        "pref/accuracy": float((margin > 0).float().mean()),
+        "pref/logp_chosen": float(cat([p.chosen for p in policy]).mean()),
+        "pref/logp_rejected": float(cat([p.rejected for p in policy]).mean()),
+    }

@@ -1,0 +1,87 @@
+"""Preference pairs from a file (JSONL, Parquet, HF dataset directory): a prompt, a chosen and
+a rejected reply per record, field names configurable. A bad record is one error line
+naming the file, the line (or row) and the field."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from upslope.config import DPOConfig
+from upslope.data.sources import read_records
+from upslope.data.types import Example
+from upslope.errors import ConfigError, DataError
+
+
+@dataclass
+class PreferencePair:
+    """One record: the prompt (an Example, so it goes through the chat template like RL
+    prompts) and the texts of the preferred and the dispreferred reply."""
+
+    prompt: Example
+    chosen: str
+    rejected: str
+
+
+def load_pairs(cfg: DPOConfig) -> list[PreferencePair]:
+    """The pairs of `cfg.path` (the first `cfg.limit`)."""
+    if not cfg.path:
+        raise ConfigError("dpo.path: dpo.source=dataset needs a file of pairs (JSONL, Parquet or an HF dataset "
+                          "directory with prompt, chosen and rejected fields)")
+    out: list[PreferencePair] = []
+    for where, rec in read_records(cfg.path, cfg.split):
+        if cfg.limit is not None and len(out) >= cfg.limit:
+            break
+        prompt = _prompt(rec, cfg.prompt_field, where)
+        chosen = _reply(rec, cfg.chosen_field, where, "dpo.chosen_field")
+        rejected = _reply(rec, cfg.rejected_field, where, "dpo.rejected_field")
+        ex = Example(prompt=prompt, meta={"source": where}, id=str(rec.get("id", len(out))))
+        out.append(PreferencePair(ex, chosen, rejected))
+    if not out:
+        raise DataError(f"{cfg.path}: no preference pairs in this file")
+    return out
+
+
+def encode_reply(tokenizer: Any, text: str, end_id: int) -> list[int]:
+    """A reply's token ids as the policy would generate them after the prompt's generation
+    header: its text tokens, then the token that ends an assistant turn."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [end_id]
+
+
+def _field(rec: dict[str, Any], name: str, where: str, option: str) -> Any:
+    if name not in rec:
+        raise DataError(f"{where}: field '{name}' missing ({option}; fields here: {', '.join(rec)})")
+    return rec[name]
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def _kind(value: Any) -> str:
+    return "an empty list" if value == [] else type(value).__name__
+
+
+def _prompt(rec: dict[str, Any], name: str, where: str) -> str | list[dict[str, str]]:
+    value = _field(rec, name, where, "dpo.prompt_field")
+    if isinstance(value, str):
+        return value
+    if _is_messages(value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise DataError(f"{where}: field '{name}' must be text or a list of {{role, content}} messages, "
+                    f"got {_kind(value)}")
+
+
+def _reply(rec: dict[str, Any], name: str, where: str, option: str) -> str:
+    value = _field(rec, name, where, option)
+    if isinstance(value, str):
+        return value
+    if _is_messages(value) and value[-1]["role"] == "assistant":
+        return value[-1]["content"]
+    raise DataError(f"{where}: field '{name}' must be text or chat messages ending with the assistant reply, "
+                    f"got {_kind(value)}")
+
+
+def reply_ids(pairs: Sequence[PreferencePair], tokenizer: Any, end_id: int) -> list[tuple[list[int], list[int]]]:
+    """(chosen ids, rejected ids) of each pair."""
+    return [(encode_reply(tokenizer, p.chosen, end_id), encode_reply(tokenizer, p.rejected, end_id)) for p in pairs]

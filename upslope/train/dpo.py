@@ -1,0 +1,232 @@
+"""`upslope dpo`: preference optimisation (DPO, IPO, SimPO) on the shared loop.
+
+Pairs come from a file (dpo.source=dataset) or from the policy's own samples: rollout.n
+completions per prompt through the engine, scored by the configured reward(s); a group
+whose rewards differ gives one pair, its best against its worst completion.
+
+Reference log-probs are computed once per pair, never per epoch: for file pairs before
+the first update, with the policy itself (the initial policy is the reference, so no
+second model is loaded) and cached (in checkpoints too); for on-policy pairs once per
+rollout batch, with the frozen initial model (loaded once, only when the loss needs it).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from upslope.algos.preference import PairLogps, PreferenceOut, preference_metrics
+from upslope.batch import Batch, concat
+from upslope.config import Config
+from upslope.data import load_examples
+from upslope.data.pairs import load_pairs, reply_ids
+from upslope.data.samplers import UniformSampler
+from upslope.errors import ConfigError, UpslopeError
+from upslope.logs.progress import console
+from upslope.registry import PREFERENCE_LOSSES, REWARD_COMBINERS
+from upslope.rewards import build_reward_fns
+from upslope.train import stages
+from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.pairs import best_worst_pairs, completion_slices, completion_values, pair_batch, sequence_logps
+
+REF_CHUNK = 64  # pairs per no-grad batch when computing the reference log-probs of file pairs
+
+
+class DPOTrainer(BaseTrainer):
+    """Preference optimisation: each step takes `dpo.pairs_per_step` pairs and updates the
+    policy with the configured preference loss through `Learner.optimize`."""
+
+    @property
+    def uses_engine(self) -> bool:  # type: ignore[override]
+        return self.cfg.dpo.source == "on_policy"
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.learner.temperature = 1.0  # the model's own distribution, whatever temperature sampled the pairs
+        if self.needs_reference and self.uses_engine:
+            self.learner.load_reference()
+
+    def check_config(self) -> None:
+        cfg, d = self.cfg, self.cfg.dpo
+        PREFERENCE_LOSSES.get(d.loss.name, "dpo.loss.name")
+        if d.source == "dataset" and not d.path:
+            raise ConfigError("dpo.path: dpo.source=dataset needs a file of pairs (JSONL, Parquet or an HF dataset "
+                              "directory)")
+        if d.source == "on_policy" and d.path:
+            raise ConfigError(f"dpo.path={d.path}: pairs are read from a file only with dpo.source=dataset")
+        if d.source == "on_policy" and cfg.rollout.n < 2:
+            raise ConfigError(f"rollout.n={cfg.rollout.n}: on-policy pairs compare completions of the same prompt, "
+                              f"so rollout.n >= 2")
+        if cfg.train.updates_per_batch > d.pairs_per_step:
+            raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
+                              f"{d.pairs_per_step} pairs into more mini-batches than pairs")
+        if cfg.algo.kl_coef > 0:
+            raise ConfigError(f"algo.kl_coef={cfg.algo.kl_coef}: preference losses hold the policy near the "
+                              f"reference through dpo.loss.options.beta; set algo.kl_coef=0")
+
+    def setup(self) -> None:
+        cfg, d = self.cfg, self.cfg.dpo
+        self.loss_fn = PREFERENCE_LOSSES.bind(d.loss.name, d.loss.options, where="dpo.loss.options")
+        self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).attrs.get("reference", True))
+        self.pad_id = self.runtime.tokenizer.pad_token_id
+        self.ref_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # file pairs: index -> (c, r)
+        if d.source == "dataset":
+            pairs = load_pairs(d)
+            prompt_ids, kept = self.encode_prompts([p.prompt for p in pairs])
+            kept_ids = {id(ex) for ex in kept}
+            pairs = [p for p in pairs if id(p.prompt) in kept_ids]
+            tok = self.runtime.tokenizer
+            end = tok.eos_token_id if tok.eos_token_id in self.runtime.stop_ids else self.runtime.stop_ids[0]
+            replies = reply_ids(pairs, tok, end)
+            self.pairs = [(p, c, r) for p, (c, r) in zip(prompt_ids, replies)]
+            self.sampler = UniformSampler(len(self.pairs), seed=cfg.train.seed, shuffle=d.shuffle)
+            console.print(f"[dim]{len(self.pairs)} preference pairs from {d.path}[/dim]")
+        else:
+            self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
+            self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
+            self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                                  where="algo.reward_combiner.options")
+            self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+
+    def title(self) -> str:
+        return f"dpo ({self.cfg.dpo.loss.name}, {self.cfg.dpo.source.replace('_', '-')} pairs)"
+
+    # ------------------------------------------------------------------ pairs
+
+    def file_pairs(self, indices: list[int]) -> Batch:
+        """The pair batch of these file pairs (group k: the k-th index), with cached reference log-probs."""
+        p, c, r = zip(*(self.pairs[i] for i in indices))
+        batch = pair_batch(p, c, r, list(range(len(indices))), self.pad_id)
+        if self.needs_reference:
+            assert self.ref_cache is not None
+            missing = [i for i in indices if i not in self.ref_cache]
+            if missing:  # only when train.steps grew on resume: the initial policy is gone
+                raise UpslopeError(f"pair {missing[0]} of {self.cfg.dpo.path} has no cached reference log-probs "
+                                   f"(train.steps was raised after the run started); start a new run")
+            batch.ref_logprobs = completion_values(batch, [t for i in indices for t in self.ref_cache[i]])
+        return batch
+
+    def cache_reference(self) -> None:
+        """Reference log-probs of every file pair this run will draw, computed once with the policy
+        before its first update (it is the reference then)."""
+        if self.ref_cache is not None or not self.needs_reference:
+            return
+        t, n = self.cfg.train, len(self.pairs)
+        draws = t.steps * self.cfg.dpo.pairs_per_step  # the sampler is seeded: replay its draws
+        order = UniformSampler(n, seed=t.seed, shuffle=self.cfg.dpo.shuffle)
+        needed = list(range(n)) if draws >= n else sorted(set(order.next(draws)))
+        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for s in range(0, len(needed), REF_CHUNK):
+            chunk = needed[s:s + REF_CHUNK]
+            p, c, r = zip(*(self.pairs[i] for i in chunk))
+            batch = pair_batch(p, c, r, chunk, self.pad_id)
+            rows = completion_slices(self.learner.logprobs(batch), batch)
+            for k, i in enumerate(chunk):
+                cache[i] = (rows[2 * k], rows[2 * k + 1])
+        self.ref_cache = cache
+
+    def collect_pairs(self, step: int) -> tuple[Batch, dict[str, Any]]:
+        """On-policy pairs: rollout + reward rounds until dpo.pairs_per_step groups had differing
+        rewards (at most 1 + rollout.max_resample_rounds rounds); each such group gives its best
+        and its worst completion."""
+        r, want = self.cfg.rollout, self.cfg.dpo.pairs_per_step
+        seen: list[Batch] = []
+        found: list[Batch] = []
+        metrics: dict[str, Any] = {"time/rollout": 0.0, "time/reward": 0.0}
+        drawn = built = 0
+        for round_ in range(r.max_resample_rounds + 1):
+            idx = self.sampler.next(r.prompts_per_step)
+            t0 = time.perf_counter()
+            b = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx],
+                               [self.examples[i] for i in idx], self.sampling(step, round_), self.pad_id,
+                               group_offset=drawn)
+            t1 = time.perf_counter()
+            b, m = stages.reward(b, self.reward_fns, self.combiner, self.cfg.reward_fallback)
+            metrics["time/rollout"] += t1 - t0
+            metrics["time/reward"] += time.perf_counter() - t1
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+            drawn += len(idx)
+            seen.append(b)
+            pairs = best_worst_pairs(b)
+            if pairs.size:
+                found.append(pairs)
+                built += pairs.num_groups
+            if built >= want:
+                break
+        everything = concat(seen, self.pad_id)
+        metrics.update(stages.rollout_metrics(everything))
+        metrics["rollout/generated_tokens"] = float(everything.completion_lens.sum())
+        metrics["rollout/prompts_drawn"] = float(drawn)
+        batch = concat(found, self.pad_id) if found else everything.select([])
+        if built > want:
+            first = batch.group_ids.unique()[:want]
+            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
+        metrics["pairs/built"] = float(built)
+        return batch, metrics
+
+    # ------------------------------------------------------------------ step
+
+    def step(self, step: int) -> dict[str, Any]:
+        seed_step(self.cfg.train.seed, step)
+        t0 = time.perf_counter()
+        if self.uses_engine:
+            batch, metrics = self.collect_pairs(step)
+        else:
+            self.cache_reference()
+            t_ref = time.perf_counter()
+            batch = self.file_pairs(self.sampler.next(self.cfg.dpo.pairs_per_step))
+            metrics = {"pairs/built": float(batch.num_groups), "time/reference": t_ref - t0}
+        metrics["pairs/kept"] = float(batch.num_groups) if batch.size else 0.0
+        if batch.size == 0:
+            metrics["skipped"] = 1.0  # no group had differing rewards: nothing to learn from this step
+            return metrics
+        assert bool((batch.loss_mask.sum(1) > 0).all()), "every reply has at least its end token"
+        learner = self.learner
+        t1 = time.perf_counter()
+        if self.needs_reference and batch.ref_logprobs is None:  # on-policy: once per rollout batch
+            batch.ref_logprobs = learner.logprobs(batch, reference=True)
+            metrics["time/reference"] = time.perf_counter() - t1
+        outs: list[PreferenceOut] = []
+        seen: list[PairLogps] = []
+
+        def preference_loss(lp: torch.Tensor, ent: torch.Tensor, mb: Batch,
+                            norms: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+            policy = sequence_logps(lp, mb)
+            reference = sequence_logps(mb.ref_logprobs, mb) if mb.ref_logprobs is not None else None
+            out = self.loss_fn(policy, reference)
+            outs.append(out)
+            seen.append(policy)
+            # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
+            return out.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {}
+
+        t2 = time.perf_counter()
+        metrics.update(learner.optimize(batch, step, preference_loss, whole_groups=True))
+        metrics.update(preference_metrics(outs, seen))
+        t3 = time.perf_counter()
+        if self.uses_engine:
+            self.sync_weights()
+        t4 = time.perf_counter()
+        metrics.update({"time/learner": t3 - t2, "time/sync": t4 - t3, "time/step": t4 - t0})
+        metrics["learner/tokens"] = float(learner.forwarded_tokens(batch))
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"dpo_reference": self.ref_cache} if self.ref_cache is not None else {}
+
+    def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
+        if self.cfg.dpo.source == "dataset" and self.needs_reference:
+            if "dpo_reference" not in state:
+                raise UpslopeError(f"{path}: checkpoint has no cached reference log-probs for the pairs")
+            self.ref_cache = state["dpo_reference"]
+
+
+def dpo(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope dpo` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
+    from upslope.train.api import run_trainer
+
+    return run_trainer("dpo", config, overrides)
