@@ -119,7 +119,8 @@ def test_micro_batched_preference_loss_equals_the_whole_batch_loss(learners, tin
         chunks = learner.micro_batches(b, whole_groups=True)
         for idx in chunks:
             mb = b.select(idx)
-            lp, ent = learner._forward(learner.model, mb)
+            out = learner._scores(learner.model, mb)
+            lp, ent = out.logprobs, out.entropy
             loss, _ = loss_fn(lp, ent, mb, norms)
             loss.backward()
             total += float(loss.detach())
