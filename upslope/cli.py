@@ -12,6 +12,7 @@ USAGE = """upslope COMMAND [RECIPE.yaml] [key=value ...]
 commands:
   train    [RECIPE] [overrides]   train a policy (default: GRPO on one-digit multiplication)
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
+  export   CHECKPOINT OUT_DIR     write a checkpoint as a Hugging Face model (a LoRA adapter merged in)
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
 
@@ -76,6 +77,17 @@ def _dispatch(command: str, rest: list[str]) -> int:
         from upslope.train.api import train
 
         train(load_config(recipe, overrides))
+        return 0
+    if command == "export":
+        if len(rest) != 2 or any("=" in a for a in rest):
+            raise UpslopeError("usage: upslope export CHECKPOINT_DIR OUT_DIR")
+        from pathlib import Path
+
+        from upslope.lora import export
+
+        out, merged = export(Path(rest[0]), Path(rest[1]))
+        print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
+              f"use it as model.name={out}")
         return 0
     raise UpslopeError(f"unknown command '{command}' (train, eval, config); see upslope --help")
 

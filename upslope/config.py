@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from upslope.errors import ConfigError
 
@@ -176,6 +176,27 @@ class LogConfig(Section):
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
 
 
+LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    enabled: bool = opt(False, "train a LoRA adapter (PEFT) instead of every weight; works for every trainer")
+    rank: int = opt(16, "adapter rank r (B @ A has rank r)", ge=1)
+    alpha: float = opt(32.0, "adapter scale numerator: the weight update is (alpha / rank) * B @ A", gt=0)
+    dropout: float = opt(0.0, "dropout on the adapter's input while training (0: off)", ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = opt(
+        LLAMA_PROJECTIONS, "linear layers to adapt, by name (default: attention and MLP projections), or 'all-linear'")
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets(cls, v: Any) -> Any:
+        ok = v == "all-linear" or (isinstance(v, list) and v and len(set(v)) == len(v)
+                                   and all(isinstance(x, str) and x.strip() for x in v))
+        if not ok:
+            raise ValueError("expected a non-empty list of distinct module names, e.g. [q_proj, v_proj], or 'all-linear'")
+        return v
+
+
 class Config(Section):
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
@@ -190,6 +211,7 @@ class Config(Section):
     train: TrainConfig = opt_factory(TrainConfig, "training loop")
     eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
     log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
+    lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":
@@ -290,7 +312,7 @@ def _describe(exc: ValidationError) -> str:
         return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
     given = err.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    return f"{key}: {err['msg']}{shown}"
+    return f"{key}: {err['msg'].removeprefix('Value error, ')}{shown}"
 
 
 def _fields_at(loc: list[str]) -> list[str]:

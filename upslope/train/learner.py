@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from upslope import lora
 from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
@@ -34,11 +35,12 @@ class Learner:
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if cfg.train.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora.enabled:  # only the adapter trains; the base weights stay frozen
+            self.model = lora.wrap(self.model, cfg.lora)
         self.model.train()
         self.ref = None
         if cfg.algo.kl_coef > 0:  # no reference model at all unless KL is used
-            self.ref = load_model(model_path, cfg.model.dtype).to(self.device).eval()
-            self.ref.requires_grad_(False)
+            self.ref = self.reference_model(model_path)
             self.kl_fn = KL_ESTIMATORS.bind(cfg.algo.kl_estimator, where="algo.kl_estimator")
         a = cfg.algo
         self.kl_ctl = (AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target
@@ -49,6 +51,14 @@ class Learner:
         total = cfg.train.steps * cfg.train.updates_per_batch * cfg.train.epochs_per_batch
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, total)
         self.temperature = cfg.rollout.temperature or 1.0
+
+    def reference_model(self, model_path: str) -> Any:
+        """The frozen reference: with LoRA the policy with its adapter switched off (the base
+        model, no second copy in memory); otherwise a fresh copy of the base model."""
+        if self.cfg.lora.enabled:
+            return lora.AdapterOff(self.model)
+        ref = load_model(model_path, self.cfg.model.dtype).to(self.device).eval()
+        return ref.requires_grad_(False)
 
     # ------------------------------------------------------------------ forward passes
 
@@ -91,10 +101,14 @@ class Learner:
         """[N, L] log-probs of the batch's trained tokens under the policy (or reference)."""
         model = self.ref if reference else self.model
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in self.micro_batches(batch):
-            mb = batch.select(idx)
-            lp, _ = self._forward(model, mb)
-            out[torch.as_tensor(idx), : lp.shape[1]] = lp.cpu()
+        self.model.eval()  # scoring: no dropout (LoRA's included)
+        try:
+            for idx in self.micro_batches(batch):
+                mb = batch.select(idx)
+                lp, _ = self._forward(model, mb)
+                out[torch.as_tensor(idx), : lp.shape[1]] = lp.cpu()
+        finally:
+            self.model.train()
         return out
 
     # ------------------------------------------------------------------ update
@@ -190,6 +204,10 @@ class Learner:
         return self.kl_ctl.update(kl, samples)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's parameters by HF name, for pushing into the rollout engine."""
+        """The policy's parameters by HF name, for pushing into the rollout engine. With LoRA only
+        the blocks the adapter changes, merged (the engine keeps the frozen rest since its start)."""
+        if self.cfg.lora.enabled:
+            yield from lora.merged_weights(self.model)
+            return
         for name, p in self.model.named_parameters():
             yield name, p.detach()
