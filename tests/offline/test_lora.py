@@ -107,10 +107,9 @@ def test_named_weights_merge_equals_peft_merge_and_unload(base, rank, alpha, tar
         else:
             assert torch.equal(tensor, base_state[name]), name
     # whole blocks only: the parents of the adapted layers, nothing else (no embeddings, norms)
-    adapted_blocks = {n.rpartition(".")[0] for n in reference if n.rpartition(".")[0].rsplit(".", 1)[-1] in
-                      (targets if targets != "all-linear" else LLAMA_PROJECTIONS)}
-    assert {n.rpartition(".")[0].rpartition(".")[0] for n in pushed} == \
-        {b.rpartition(".")[0] for b in adapted_blocks}
+    short = LLAMA_PROJECTIONS if targets == "all-linear" else targets
+    blocks = {layer.rpartition(".")[0] for layer in lora.linear_layers(base) if layer.rpartition(".")[2] in short}
+    assert {name.rsplit(".", 2)[0] for name in pushed} == blocks
 
 
 def test_only_blocks_with_an_adapter_are_pushed(base):
