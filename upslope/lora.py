@@ -84,11 +84,10 @@ class AdapterOff:
         return self.model.get_output_embeddings()
 
 
-def _delta(layer: Any, dtype: torch.dtype) -> torch.Tensor:
-    """scale * B @ A of one adapted linear layer, computed in fp32."""
-    a = layer.lora_A[ADAPTER].weight.float()
-    b = layer.lora_B[ADAPTER].weight.float()
-    return (layer.scaling[ADAPTER] * (b @ a)).to(dtype)
+def _merged(weight: torch.Tensor, layer: Any) -> torch.Tensor:
+    """W + scale * B @ A of one adapted linear layer (one fused addmm, in fp32), in W's dtype."""
+    a, b = layer.lora_A[ADAPTER].weight.float(), layer.lora_B[ADAPTER].weight.float()
+    return torch.addmm(weight.float(), b, a, alpha=layer.scaling[ADAPTER]).to(weight.dtype)
 
 
 @torch.no_grad()
@@ -112,7 +111,7 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             if owner.endswith(".base_layer"):
                 owner = owner[: -len(".base_layer")]
                 if leaf == "weight":
-                    yield f"{owner}.weight", (p.float() + _delta(modules[owner], torch.float32)).to(p.dtype)
+                    yield f"{owner}.weight", _merged(p.detach(), modules[owner])
                     continue
             yield f"{owner}.{leaf}", p.detach()
 
