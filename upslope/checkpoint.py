@@ -1,7 +1,8 @@
 """Checkpoints: written atomically (temp dir, fsync, rename), the last K kept, and an exact
 resume (weights, optimiser, scheduler, every RNG, data-sampler position, step).
 
-Layout: RUN/checkpoints/step_000010/{model/ (HF format), trainer.pt, config.yaml, COMPLETE}
+Layout: RUN/checkpoints/step_000010/{model/ (HF format; with LoRA only the adapter), trainer.pt,
+config.yaml, COMPLETE}
 and RUN/checkpoints/latest (a text file naming the newest complete checkpoint).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from upslope import lora
 from upslope.errors import UpslopeError
 from upslope.fsutil import atomic_directory
 
@@ -91,9 +93,18 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 
 def load_model_weights(model: Any, path: Path) -> None:
-    """Copy the checkpoint's weights into `model` in place (same architecture)."""
+    """Copy the checkpoint's weights into `model` in place (same architecture); a LoRA
+    checkpoint holds only the adapter, which goes into a LoRA-wrapped `model`."""
     from safetensors.torch import load_file
 
+    adapter = lora.is_adapter_dir(path / "model")
+    if adapter != lora.is_adapted(model):
+        held, trains = ("a LoRA adapter", "the full model") if adapter else ("a full model", "a LoRA adapter")
+        raise UpslopeError(f"{path}: checkpoint holds {held}, but this run trains {trains} "
+                           f"(set lora.enabled as in the run that wrote it)")
+    if adapter:
+        lora.load_adapter(model, path / "model")
+        return
     state: dict[str, torch.Tensor] = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         state.update(load_file(f))

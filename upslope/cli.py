@@ -16,6 +16,7 @@ commands:
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
+  export   CHECKPOINT OUT_DIR     write a checkpoint as a Hugging Face model (a LoRA adapter merged in)
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
 
@@ -81,7 +82,9 @@ def _dispatch(command: str, rest: list[str]) -> int:
         recipe, overrides = _split_args(rest)
         run_trainer(command, load_config(recipe, overrides))
         return 0
-    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'config'])}); "
+    if command == "export":
+        if len(rest) != 2 or any("=" in a for a in rest):
+            raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config'])}); "
                        f"see upslope --help")
 
 

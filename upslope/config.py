@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from upslope.errors import ConfigError
 
@@ -234,6 +234,25 @@ class DPOConfig(Section):
     rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
     limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
     shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    enabled: bool = opt(False, "train a LoRA adapter (PEFT) instead of every weight; works for every trainer")
+    rank: int = opt(16, "adapter rank r (B @ A has rank r)", ge=1)
+    alpha: float = opt(32.0, "adapter scale numerator: the weight update is (alpha / rank) * B @ A", gt=0)
+    dropout: float = opt(0.0, "dropout on the adapter's input while training (0: off)", ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = opt(
+        LLAMA_PROJECTIONS, "linear layers to adapt, by name (default: attention and MLP projections), or 'all-linear'")
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _targets(cls, v: Any) -> Any:
+        ok = v == "all-linear" or (isinstance(v, list) and v and len(set(v)) == len(v)
+                                   and all(isinstance(x, str) and x.strip() for x in v))
+        if not ok:
+            raise ValueError("expected a non-empty list of distinct module names, e.g. [q_proj, v_proj], or 'all-linear'")
+        return v
 
 
 class Config(Section):
@@ -254,6 +273,7 @@ class Config(Section):
     sft: SFTConfig = opt_factory(SFTConfig, "supervised fine-tuning (upslope sft; the loss is shared by rft)")
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
+    lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":
@@ -354,7 +374,7 @@ def _describe(exc: ValidationError) -> str:
         return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
     given = err.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    return f"{key}: {err['msg']}{shown}"
+    return f"{key}: {err['msg'].removeprefix('Value error, ')}{shown}"
 
 
 def _fields_at(loc: list[str]) -> list[str]:

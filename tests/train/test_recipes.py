@@ -45,6 +45,7 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tmp_path):
             assert "filter/groups_dropped" in r
             continue
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
-    assert (tmp_path / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    saved = tmp_path / "checkpoints" / "step_000002" / "model"
+    assert (saved / ("adapter_config.json" if cfg.lora.enabled else "config.json")).exists()
     if recipe.stem == "gdpo":  # each component's group-normalised advantage is logged
         assert {"adv_component/correct/mean_abs", "adv_component/number_first/mean_abs"} <= rows[-1].keys()

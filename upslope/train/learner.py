@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from upslope import lora
 from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
@@ -34,6 +35,8 @@ class Learner:
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if cfg.train.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora.enabled:  # only the adapter trains; the base weights stay frozen
+            self.model = lora.wrap(self.model, cfg.lora)
         self.model.train()
         self.model_path = model_path
         self.ref = None
@@ -51,8 +54,13 @@ class Learner:
         self.temperature = cfg.rollout.temperature or 1.0
 
     def load_reference(self) -> None:
-        """Load the frozen reference (the initial model) once, for methods that need one."""
-        if self.ref is None:
+        """The frozen reference (the initial model), once, for methods that need one: with LoRA the
+        policy with its adapter switched off (no second copy in memory), else a fresh copy."""
+        if self.ref is not None:
+            return
+        if self.cfg.lora.enabled:
+            self.ref = lora.AdapterOff(self.model)
+        else:
             self.ref = load_model(self.model_path, self.cfg.model.dtype).to(self.device).eval()
             self.ref.requires_grad_(False)
 
@@ -114,13 +122,17 @@ class Learner:
         lp, ent = torch.zeros(n, length), torch.zeros(n, length)
         topk_lp = torch.zeros(n, length, top_k) if top_k else None
         topk_ids = torch.zeros(n, length, top_k, dtype=torch.long) if top_k else None
-        for idx in self.micro_batches(batch):
-            out = self._scores(model, batch.select(idx), temperature=temperature, top_k=top_k,
-                               top_k_vocab=top_k_vocab)
-            rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
-            lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
-            if topk_lp is not None and topk_ids is not None:
-                topk_lp[rows, :width], topk_ids[rows, :width] = out.topk_logprobs.cpu(), out.topk_ids.cpu()
+        self.model.eval()  # scoring: no dropout (LoRA's included)
+        try:
+            for idx in self.micro_batches(batch):
+                out = self._scores(model, batch.select(idx), temperature=temperature, top_k=top_k,
+                                   top_k_vocab=top_k_vocab)
+                rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
+                lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
+                if topk_lp is not None and topk_ids is not None:
+                    topk_lp[rows, :width], topk_ids[rows, :width] = out.topk_logprobs.cpu(), out.topk_ids.cpu()
+        finally:
+            self.model.train()
         return HeadOutput(lp, ent, topk_logprobs=topk_lp, topk_ids=topk_ids)
 
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -230,6 +242,10 @@ class Learner:
         return self.kl_ctl.update(kl, samples)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's parameters by HF name, for pushing into the rollout engine."""
+        """The policy's parameters by HF name, for pushing into the rollout engine. With LoRA only
+        the blocks the adapter changes, merged (the engine keeps the frozen rest since its start)."""
+        if self.cfg.lora.enabled:
+            yield from lora.merged_weights(self.model)
+            return
         for name, p in self.model.named_parameters():
             yield name, p.detach()

@@ -1,0 +1,190 @@
+"""LoRA (PEFT) for every trainer: wrap the policy in an adapter, see it with the adapter
+switched off (the frozen reference, without a second copy), push merged weights to the
+rollout engine, and turn adapter checkpoints into plain Hugging Face models (export, or
+merge on load)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from upslope.config import LoraConfig
+from upslope.errors import ConfigError, UpslopeError
+from upslope.fsutil import atomic_directory
+
+ADAPTER = "default"  # PEFT's name for the (only) adapter
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapted(model: Any) -> bool:
+    """Is `model` a PEFT-wrapped policy?"""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Does `path` hold a saved adapter (PEFT's adapter_config.json) rather than a full model?"""
+    return (Path(path) / ADAPTER_CONFIG).exists()
+
+
+def linear_layers(model: Any) -> list[str]:
+    """Full names of the model's linear layers, the LM head excluded: what LoRA can adapt."""
+    head = model.get_output_embeddings()
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+
+
+def resolve_targets(model: Any, targets: list[str] | str) -> list[str]:
+    """The short names of the layers to adapt; a name matching no linear layer is a ConfigError
+    listing the names that exist."""
+    layers = linear_layers(model)
+    short = sorted({name.rpartition(".")[2] for name in layers})
+    if targets == "all-linear":
+        return short
+    for t in targets:
+        if not any(name == t or name.endswith("." + t) for name in layers):
+            raise ConfigError(f"lora.target_modules: '{t}' is not a linear layer of this model "
+                              f"(its linear layers: {', '.join(short)}; or 'all-linear')")
+    return list(targets)
+
+
+def wrap(model: Any, cfg: LoraConfig) -> Any:
+    """The policy with a fresh LoRA adapter (B = 0, so it starts as the base model); only the
+    adapter's parameters require gradients."""
+    import peft
+
+    config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none",
+                             target_modules=resolve_targets(model, cfg.target_modules), task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, config, adapter_name=ADAPTER)
+
+
+class AdapterOff:
+    """The adapted policy seen with its adapter switched off, i.e. the base model: the frozen
+    reference for KL or DPO, sharing the policy's weights instead of a second copy. It offers
+    what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def _off(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with self.model.disable_adapter():
+            return fn(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._off(self.model, *args, **kwargs)
+
+    def get_decoder(self) -> Callable[..., Any]:
+        decoder = self.model.get_decoder()
+        return lambda *args, **kwargs: self._off(decoder, *args, **kwargs)
+
+    def get_output_embeddings(self) -> Any:
+        return self.model.get_output_embeddings()
+
+
+def _merged(weight: torch.Tensor, layer: Any) -> torch.Tensor:
+    """W + scale * B @ A of one adapted linear layer (one fused addmm, in fp32), in W's dtype."""
+    a, b = layer.lora_A[ADAPTER].weight.float(), layer.lora_B[ADAPTER].weight.float()
+    return torch.addmm(weight.float(), b, a, alpha=layer.scaling[ADAPTER]).to(weight.dtype)
+
+
+@torch.no_grad()
+def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the adapter changes, as full tensors under the base model's HF names: every parameter
+    of each block (attention, MLP) that holds an adapted layer, W + scale * B @ A for the adapted
+    weights, without touching the model. Whole blocks, because vLLM fuses q/k/v and gate/up into
+    one tensor, and a partial update of a fused tensor would leave its other parts unset; all
+    other weights are frozen, so the engine still has them."""
+    from peft.tuners.lora import LoraLayer
+
+    modules = dict(model.get_base_model().named_modules())
+    blocks = sorted({name.rpartition(".")[0] for name, m in modules.items() if isinstance(m, LoraLayer)})
+    sent: set[str] = set()
+    for block in blocks:
+        for name, p in modules[block].named_parameters(prefix=block):
+            owner, _, leaf = name.rpartition(".")
+            if ".lora_" in name or name in sent:
+                continue
+            sent.add(name)
+            if owner.endswith(".base_layer"):
+                owner = owner[: -len(".base_layer")]
+                if leaf == "weight":
+                    yield f"{owner}.weight", _merged(p.detach(), modules[owner])
+                    continue
+            yield f"{owner}.{leaf}", p.detach()
+
+
+def load_adapter(model: Any, adapter_dir: Path) -> None:
+    """Copy a saved adapter's weights into the adapted `model`; its rank and targets must match."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    live = model.peft_config[ADAPTER]
+    want = (live.r, float(live.lora_alpha), sorted(live.target_modules))
+    got = (saved.get("r"), float(saved.get("lora_alpha", 0)), sorted(saved.get("target_modules") or []))
+    if want != got:
+        raise UpslopeError(f"{adapter_dir}: the saved adapter (rank {got[0]}, alpha {got[1]:g}, targets {got[2]}) "
+                           f"differs from lora.* (rank {want[0]}, alpha {want[1]:g}, targets {want[2]})")
+    result = set_peft_model_state_dict(model, load_file(adapter_dir / ADAPTER_WEIGHTS), adapter_name=ADAPTER)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if missing or result.unexpected_keys:
+        raise UpslopeError(f"{adapter_dir}: adapter does not match the model (missing {missing[:2]}, "
+                           f"unexpected {result.unexpected_keys[:2]})")
+
+
+def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
+    """Write base model + adapter, merged, as a plain Hugging Face model directory with the
+    tokenizer saved beside the adapter (atomic: a temp directory renamed into place)."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from upslope.models import load_model, resolve_model
+
+    base_name = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base_name:
+        raise UpslopeError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path")
+    base = load_model(resolve_model(base_name))  # fp32: merge without rounding
+    dtype = getattr(base.config, "dtype", None) or torch.float32
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if (adapter_dir / "tokenizer_config.json").exists()
+                                                  else resolve_model(base_name)))
+    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
+        merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+def merged_cache(adapter_dir: Path, cache: Path, announce: Any = print) -> Path:
+    """A merged copy of an adapter checkpoint, made once and cached (keyed by the adapter file),
+    so that `model.name=CHECKPOINT` works wherever a model is loaded."""
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    key = hashlib.sha1(f"{adapter_dir.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache / "models" / f"merged-{key}"
+    if not (target / "config.json").exists():
+        announce(f"merging the LoRA adapter {adapter_dir} into its base model: {target} (once) ...")
+        merge_adapter(adapter_dir, target)
+    return target
+
+
+def checkpoint_model_dir(path: Path) -> Path:
+    """The model directory of a checkpoint: `path` itself, or its `model/` (RUN/checkpoints/step_N)."""
+    for candidate in (path, path / "model"):
+        if is_adapter_dir(candidate) or (candidate / "config.json").exists():
+            return candidate
+    raise UpslopeError(f"{path}: not a checkpoint (expected RUN/checkpoints/step_N or its model/ directory)")
+
+
+def export(checkpoint: Path, out_dir: Path) -> tuple[Path, bool]:
+    """`upslope export`: a checkpoint as a plain Hugging Face model directory (adapter merged into
+    its base; a full-model checkpoint copied). Returns (out_dir, whether it was an adapter)."""
+    src = checkpoint_model_dir(checkpoint)
+    if out_dir.resolve() == src.resolve():
+        raise UpslopeError(f"export: the output directory {out_dir} is the checkpoint itself")
+    if is_adapter_dir(src):
+        return merge_adapter(src, out_dir), True
+    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    return out_dir, False
