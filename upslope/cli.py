@@ -84,7 +84,16 @@ def _dispatch(command: str, rest: list[str]) -> int:
         return 0
     if command == "export":
         if len(rest) != 2 or any("=" in a for a in rest):
-            raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config'])}); "
+            raise UpslopeError("usage: upslope export CHECKPOINT_DIR OUT_DIR")
+        from pathlib import Path
+
+        from upslope.lora import export
+
+        out, merged = export(Path(rest[0]), Path(rest[1]))
+        print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
+              f"use it as model.name={out}")
+        return 0
+    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config'])}); "
                        f"see upslope --help")
 
 
