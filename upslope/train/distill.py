@@ -14,12 +14,9 @@ from upslope.algos.aggregate import aggregate
 from upslope.algos.distill import DistillInputs, distill_metrics
 from upslope.batch import Batch
 from upslope.config import Config
-from upslope.data import load_examples
-from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError
 from upslope.logs.progress import console
-from upslope.registry import DISTILL_LOSSES, REWARD_COMBINERS
-from upslope.rewards import build_reward_fns
+from upslope.registry import DISTILL_LOSSES
 from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.teacher import Teacher
@@ -41,13 +38,9 @@ class DistillTrainer(BaseTrainer):
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.setup_task(rewards=cfg.distill.log_reward)
         self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
                                         where="distill.loss.options")
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data) if cfg.distill.log_reward else []
-        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
-                                              where="algo.reward_combiner.options")
         self.teacher = Teacher(cfg, self.runtime.model_path, self.runtime.tokenizer, self.device,
                                announce=lambda m: console.print(f"[dim]{m}[/dim]"))
 

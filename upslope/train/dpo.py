@@ -20,13 +20,11 @@ import torch
 from upslope.algos.preference import PairLogps, PreferenceOut, preference_metrics
 from upslope.batch import Batch, concat
 from upslope.config import Config
-from upslope.data import load_examples
 from upslope.data.pairs import load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, UpslopeError
 from upslope.logs.progress import console
-from upslope.registry import PREFERENCE_LOSSES, REWARD_COMBINERS
-from upslope.rewards import build_reward_fns
+from upslope.registry import PREFERENCE_LOSSES
 from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.pairs import best_worst_pairs, completion_slices, completion_values, pair_batch, sequence_logps
@@ -84,11 +82,7 @@ class DPOTrainer(BaseTrainer):
             self.sampler = UniformSampler(len(self.pairs), seed=cfg.train.seed, shuffle=d.shuffle)
             console.print(f"[dim]{len(self.pairs)} preference pairs from {d.path}[/dim]")
         else:
-            self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-            self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
-            self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
-                                                  where="algo.reward_combiner.options")
-            self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+            self.setup_task()
 
     def title(self) -> str:
         return f"dpo ({self.cfg.dpo.loss.name}, {self.cfg.dpo.source.replace('_', '-')} pairs)"

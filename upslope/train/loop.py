@@ -111,6 +111,17 @@ class BaseTrainer:
             console.print(f"[yellow]dropped {len(examples) - len(kept)} prompts over rollout.max_prompt_tokens[/]")
         return ids, [examples[i] for i in kept]
 
+    def setup_task(self, rewards: bool = True) -> None:
+        """The training prompts of `data` (encoded, with a seeded checkpointed sampler) and,
+        with `rewards`, the reward functions and their combiner: what every method that samples
+        from the policy needs."""
+        cfg = self.cfg
+        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
+        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data) if rewards else []
+        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                              where="algo.reward_combiner.options")
+
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
         r = self.cfg.rollout
         return SamplingParams(n=n or r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -208,15 +219,11 @@ class Trainer(BaseTrainer):
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
-        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
-                                              where="algo.reward_combiner.options")
+        self.setup_task()
         self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
                                             where="algo.advantage.options")
         self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
                         for i, f in enumerate(cfg.algo.filters)]
-        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.critic = None
         if cfg.algo.advantage.name == "gae":  # PPO: a value model, only when the advantage needs one
             from upslope.train.critic import Critic

@@ -13,11 +13,7 @@ from typing import Any
 from upslope.algos.rejection import keep_indices
 from upslope.batch import Batch
 from upslope.config import Config
-from upslope.data import load_examples
-from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError
-from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns
 from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.sft import check_supervised, supervised_loss
@@ -41,11 +37,7 @@ class RFTTrainer(BaseTrainer):
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data)
-        self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
-                                              where="algo.reward_combiner.options")
-        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.setup_task()
         self.loss_fn = supervised_loss(cfg.sft.dft)
         self.samples_path = self.run_dir / SAMPLES_FILE
         if not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
