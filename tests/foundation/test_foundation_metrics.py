@@ -93,3 +93,12 @@ def test_maj_at_k_hand_values(answers, correct, k, expected):
 def test_maj_at_k_winner_correct_if_any_of_its_votes_is():
     # equivalent answers judged by the reward ('18' correct), keyed the same
     assert maj_at_k(["18", "18", "5"], [False, True, False], 3) == 1.0
+
+
+def test_step_line_shows_only_the_metrics_a_method_logs():
+    from upslope.logs.progress import step_line
+
+    sft = step_line(3, {"loss": 1.25, "entropy": 0.5, "time/step": 2.0, "time/learner": 1.9})
+    assert sft == "step 3: loss +1.2500 ent 0.500 | 2.0s (learn 1.9)"
+    rl = step_line(1, {"reward/mean": 0.5, "accuracy": 0.25, "kl": 0.01, "time/step": 6.7, "time/rollout": 2.3})
+    assert rl == "step 1: reward 0.500 acc 0.250 kl 0.0100 | 6.7s (roll 2.3)"

@@ -50,17 +50,29 @@ def summary_table(title: str, rows: dict[str, Any]) -> Table:
     return table
 
 
+# (label, metric key, format) shown on each step's line when the method logs that metric
+STEP_FIELDS = [("reward", "reward/mean", ".3f"), ("acc", "accuracy", ".3f"), ("len", "length/mean", ".1f"),
+               ("loss", "loss", "+.4f"), ("ent", "entropy", ".3f"), ("kl", "kl", ".4f"),
+               ("mismatch", "mismatch", ".4f"), ("pref_acc", "pref/accuracy", ".3f"), ("pairs", "pairs/kept", ".0f"), ("kept", "rft/kept", ".0f")]
+TIME_FIELDS = [("roll", "time/rollout", ".1f"), ("rew", "time/reward", ".2f"), ("learn", "time/learner", ".1f"),
+               ("sync", "time/sync", ".2f")]
+
+
+def step_line(step: int, m: dict[str, Any]) -> str:
+    """One line per step with the metrics this method logs (an SFT step has no reward)."""
+    def fields(spec: list[tuple[str, str, str]]) -> str:
+        return " ".join(f"{label} {m[key]:{fmt}}" for label, key, fmt in spec if isinstance(m.get(key), (int, float)))
+
+    times = fields(TIME_FIELDS)
+    return (f"step {step}: {fields(STEP_FIELDS)} | {m.get('time/step', 0):.1f}s" + (f" ({times})" if times else ""))
+
+
 class _StepDisplay:
     def __init__(self, progress: Progress | None, task: Any):
         self.progress, self.task = progress, task
 
     def update(self, step: int, m: dict[str, Any]) -> None:
-        line = (f"step {step}: reward {m.get('reward/mean', 0):.3f} acc {m.get('accuracy', 0):.3f} "
-                f"len {m.get('length/mean', 0):.1f} loss {m.get('loss', 0):+.4f} ent {m.get('entropy', 0):.3f} "
-                f"kl {m.get('kl', 0):.4f} mismatch {m.get('mismatch', 0):.4f} | {m.get('time/step', 0):.1f}s "
-                f"(roll {m.get('time/rollout', 0):.1f} rew {m.get('time/reward', 0):.2f} "
-                f"learn {m.get('time/learner', 0):.1f} sync {m.get('time/sync', 0):.2f})")
-        console.print(line, highlight=False)
+        console.print(step_line(step, m), highlight=False)
         if self.progress is not None:
             self.progress.update(self.task, completed=step, reward=m.get("reward/mean", 0.0),
                                  acc=m.get("accuracy", 0.0))
