@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from upslope.config import DPOConfig
-from upslope.data.sources import read_records
+from upslope.data.sources import read_records, require_field
 from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
 
@@ -47,12 +47,6 @@ def encode_reply(tokenizer: Any, text: str, end_id: int) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [end_id]
 
 
-def _field(rec: dict[str, Any], name: str, where: str, option: str) -> Any:
-    if name not in rec:
-        raise DataError(f"{where}: field '{name}' missing ({option}; fields here: {', '.join(rec)})")
-    return rec[name]
-
-
 def _is_messages(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
@@ -63,7 +57,7 @@ def _kind(value: Any) -> str:
 
 
 def _prompt(rec: dict[str, Any], name: str, where: str) -> str | list[dict[str, str]]:
-    value = _field(rec, name, where, "dpo.prompt_field")
+    value = require_field(rec, name, where, "dpo.prompt_field")
     if isinstance(value, str):
         return value
     if _is_messages(value):
@@ -73,7 +67,7 @@ def _prompt(rec: dict[str, Any], name: str, where: str) -> str | list[dict[str, 
 
 
 def _reply(rec: dict[str, Any], name: str, where: str, option: str) -> str:
-    value = _field(rec, name, where, option)
+    value = require_field(rec, name, where, option)
     if isinstance(value, str):
         return value
     if _is_messages(value) and value[-1]["role"] == "assistant":

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from upslope.batch import Batch, build_batch
 from upslope.config import DataConfig
 from upslope.data.chat import assistant_mask
-from upslope.data.sources import apply_template, read_records
+from upslope.data.sources import apply_template, read_records, require_field
 from upslope.data.types import Example
 from upslope.errors import DataError
 
@@ -64,17 +64,14 @@ def load_conversations(data: DataConfig, response_field: str) -> list[Conversati
 
 
 def _text(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "") -> str:
-    if name not in rec:
-        raise DataError(f"{where}: field '{name}' missing ({option}; fields here: {', '.join(rec)}){hint}")
-    if not isinstance(rec[name], str):
-        raise DataError(f"{where}: field '{name}' must be text, got {type(rec[name]).__name__}")
-    return rec[name]
+    value = require_field(rec, name, where, option, hint)
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{name}' must be text, got {type(value).__name__}")
+    return value
 
 
 def _messages(rec: dict[str, Any], name: str, where: str) -> list[dict[str, Any]]:
-    if name not in rec:
-        raise DataError(f"{where}: field '{name}' missing (data.messages_field; fields here: {', '.join(rec)})")
-    msgs = rec[name]
+    msgs = require_field(rec, name, where, "data.messages_field")
     if not isinstance(msgs, list) or not msgs:
         raise DataError(f"{where}: field '{name}' must be a non-empty list of {{role, content}} messages")
     for i, m in enumerate(msgs, 1):

@@ -71,6 +71,14 @@ def _read_hf_dir(p: Path, split: str | None) -> Iterator[tuple[str, dict[str, An
         yield f"{p}[{split or 'data'}]:row {i + 1}", rec
 
 
+def require_field(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "") -> Any:
+    """rec[name], or one DataError line naming the file/line, the field, the option that names
+    it and the fields the record does have."""
+    if name not in rec:
+        raise DataError(f"{where}: field '{name}' missing ({option}; fields here: {', '.join(rec)}){hint}")
+    return rec[name]
+
+
 def records_to_examples(
     records: Iterator[tuple[str, dict[str, Any]]],
     prompt_field: str = "prompt",
@@ -85,26 +93,19 @@ def records_to_examples(
         if limit is not None and len(out) >= limit:
             break
         if messages_field:
-            if messages_field not in rec:
-                raise DataError(f"{where}: field '{messages_field}' missing (data.messages_field)")
-            msgs = rec[messages_field]
+            msgs = require_field(rec, messages_field, where, "data.messages_field")
             if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
                 raise DataError(f"{where}: field '{messages_field}' must be a list of {{role, content}} messages")
             prompt: Any = [dict(m) for m in msgs if m["role"] != "assistant" or m is not msgs[-1]]
         else:
-            if prompt_field not in rec:
-                raise DataError(f"{where}: field '{prompt_field}' missing (data.prompt_field; "
-                                f"fields here: {', '.join(rec)})")
-            text = rec[prompt_field]
+            text = require_field(rec, prompt_field, where, "data.prompt_field")
             if not isinstance(text, str):
                 raise DataError(f"{where}: field '{prompt_field}' must be text, got {type(text).__name__}")
             prompt = apply_template(template, text, rec, where)
         answer = None
         if answer_field:
-            if answer_field not in rec:
-                raise DataError(f"{where}: field '{answer_field}' missing (data.answer_field; "
-                                f"set data.answer_field=null for prompts without answers)")
-            answer = rec[answer_field]
+            answer = require_field(rec, answer_field, where, "data.answer_field",
+                                   "; set data.answer_field=null for prompts without answers")
         meta = {k: v for k, v in rec.items() if k not in (prompt_field, messages_field)}
         meta["source"] = where
         out.append(Example(prompt=prompt, answer=answer, meta=meta, id=str(rec.get("id", len(out)))))
