@@ -11,7 +11,7 @@ from upslope.config import OptimConfig
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     """AdamW with the fused kernel: one pass per tensor and no parameter-sized temporaries
-    (the multi-tensor `foreach` path allocates several, ~1 GiB for a 135M model)."""
+    (the multi-tensor `foreach` path allocates several)."""
     return torch.optim.AdamW([p for p in params if p.requires_grad], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, weight_decay=cfg.weight_decay, fused=True)
 
