@@ -43,7 +43,9 @@ class RewardSpec(Plugin):
 class ModelConfig(Section):
     name: str = opt("smollm2-135m-instruct", "HF id, local directory, .gguf file, or 'smollm2-135m-instruct'")
     gguf_file: str | None = opt(None, "GGUF file name inside `name` when it is a directory of GGUF files")
-    dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the learner's master weights")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
+        "auto", "learner weights' dtype (auto: bfloat16 when train.precision is bfloat16, so weights, gradients "
+                "and AdamW moments take 2 bytes each; float32 weights with bf16 precision: mixed, bf16 autocast)")
     cache_dir: str | None = opt(None, "where converted models are cached (default ~/.cache/upslope)")
     trust_remote_code: bool = opt(False, "allow model code from the model directory")
     chat_template: str | None = opt(None, "Jinja chat template (text or file path) replacing the tokenizer's")
@@ -132,6 +134,8 @@ class OptimConfig(Section):
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
     eps: float = opt(1e-8, "AdamW epsilon")
+    state_dtype: Literal["auto", "float32", "bfloat16"] = opt(
+        "auto", "AdamW moments' dtype (auto: the weights' dtype; bf16 weights are updated with stochastic rounding)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", ge=0)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0)
     schedule: Literal["constant", "cosine", "linear"] = opt("constant", "learning-rate schedule after warmup")
@@ -144,9 +148,12 @@ class TrainConfig(Section):
     epochs_per_batch: int = opt(1, "passes over each rollout batch", ge=1)
     micro_batch_tokens: int = opt(4096, "token budget (rows x longest row) of one forward/backward", ge=16)
     logprob_chunk: int = opt(1024, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
-    precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (bf16 autocast)")
+    precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (see model.dtype)")
     grad_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
+    skip_zero_advantage: bool = opt(True, "RL: no forward/backward for rows whose advantage is 0 on every token "
+                                          "(their loss and gradient are exactly 0; needs no KL in the loss and "
+                                          "no entropy bonus)")
     threads: int = opt(0, "torch threads for the learner (0: all cores)", ge=0)
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
@@ -279,6 +286,10 @@ class Config(Section):
     def _task_defaults(self) -> "Config":
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
+        if self.model.dtype == "auto":
+            self.model.dtype = "bfloat16" if self.train.precision == "bfloat16" else "float32"
+        elif self.train.precision == "float32" and self.model.dtype != "float32":
+            raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
 
 
@@ -290,6 +301,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     `a.b.c=value` overrides; validate into a Config."""
     defaults = Config().model_dump(mode="json")
     defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
+    defaults["model"]["dtype"] = "auto"  # derived from train.precision after merging
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)
@@ -374,7 +386,8 @@ def _describe(exc: ValidationError) -> str:
         return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
     given = err.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    return f"{key}: {err['msg'].removeprefix('Value error, ')}{shown}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{key}: {msg}{shown}" if key else msg
 
 
 def _fields_at(loc: list[str]) -> list[str]:

@@ -4,6 +4,8 @@ The per-token loss is to be *minimised*, is exactly 0 where mask is 0 (padding c
 any finite or infinite log-prob without leaking into value or gradient), and is reduced
 to a scalar by `upslope.algos.aggregate.aggregate`. Metrics are detached scalar tensors.
 Log-ratios are clamped to +-20 before exp so a stray token cannot overflow to inf.
+A loss registered with `zero_at_zero_advantage=True` is exactly 0, with 0 gradient, on a
+row whose advantage is 0 everywhere: the learner then skips such rows (train.skip_zero_advantage).
 """
 import torch
 from torch import Tensor
@@ -53,7 +55,7 @@ def _clipped(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high:
     return _zero_off(surrogate, mask), metrics
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip", zero_at_zero_advantage=True)
 def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
              eps_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO/DAPO clipped surrogate with asymmetric clip (DAPO: eps_high 0.28) and optional dual clip c > 1."""
@@ -62,7 +64,7 @@ def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
     return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, dual_clip)
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", zero_at_zero_advantage=True)
 def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
          eps_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: sequence ratio exp(mean token log-ratio), clipped per sequence, token-level sg form (GSPO-token).
@@ -79,7 +81,7 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
     return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, None)
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", zero_at_zero_advantage=True)
 def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_high: float = 0.28,
           eps_low: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO: -sg(clip(ratio, max=1+eps_high[, min=1-eps_low])) * A * logprob; every token keeps its gradient."""
@@ -96,7 +98,7 @@ def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tens
     return _zero_off(loss, mask), metrics
 
 
-@POLICY_LOSSES.register("reinforce")
+@POLICY_LOSSES.register("reinforce", zero_at_zero_advantage=True)
 def reinforce(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
               mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain policy gradient -A * logprob (no ratio, no clip): on-policy only."""

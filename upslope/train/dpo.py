@@ -204,7 +204,6 @@ class DPOTrainer(BaseTrainer):
             self.sync_weights()
         t4 = time.perf_counter()
         metrics.update({"time/learner": t3 - t2, "time/sync": t4 - t3, "time/step": t4 - t0})
-        metrics["learner/tokens"] = float(learner.forwarded_tokens(batch))
         return metrics
 
     # ------------------------------------------------------------------ checkpoint state

@@ -22,6 +22,13 @@ from upslope.train.optim import make_optimizer, make_scheduler
 LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
 
 
+def zero_advantage_rows(batch: Batch) -> torch.Tensor:
+    """bool [N]: rows whose advantage is 0 at every trained token (e.g. a GRPO group whose
+    samples all got the same reward)."""
+    assert batch.advantages is not None
+    return ((batch.advantages != 0) & (batch.loss_mask > 0)).sum(dim=1) == 0
+
+
 def default_device() -> torch.device:
     """Where the learner trains: the GPU when there is one."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -48,7 +55,7 @@ class Learner:
                        else FixedKLController(a.kl_coef))
         self.policy_loss = POLICY_LOSSES.bind(cfg.algo.policy_loss.name, cfg.algo.policy_loss.options,
                                               where="algo.policy_loss.options")
-        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
+        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim, seed=cfg.train.seed)
         total = cfg.train.steps * cfg.train.updates_per_batch * cfg.train.epochs_per_batch
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, total)
         self.temperature = cfg.rollout.temperature or 1.0
@@ -157,7 +164,7 @@ class Learner:
 
     def optimize(self, batch: Batch, step: int, loss_fn: LossFn, updates: int | None = None,
                  epochs: int | None = None, gather: Callable[[Batch], torch.Tensor] | None = None,
-                 whole_groups: bool = False) -> dict[str, float]:
+                 whole_groups: bool = False, skip: Callable[[Batch], torch.Tensor] | None = None) -> dict[str, float]:
         """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
         optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
         micro-batches. `loss_fn(lp, ent, mb, norms)` returns the micro-batch's share of the
@@ -165,12 +172,20 @@ class Learner:
         per-token-mean metrics. With `gather` (micro-batch -> token ids [n, L, K]) the policy's
         log-probs at those ids are computed in the same forward, with gradient, and passed as a
         fifth argument: loss_fn(..., gathered). With `whole_groups` every micro-batch holds whole
-        groups, whatever train.share_prompt."""
+        groups, whatever train.share_prompt. With `skip` (mini-batch -> bool [N]) the rows it marks,
+        whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
+        count them, so the update equals the one over every row."""
         sums: dict[str, float] = defaultdict(float)
         for mini in self.mini_batches(batch, step, updates, epochs):
             norms = loss_normalizers(mini.loss_mask)
+            if skip is not None:
+                keep = ~skip(mini)
+                sums["rows_skipped"] += float((~keep).sum())
+                mini = mini.select(torch.nonzero(keep).flatten())
+            sums["rows"] += float(mini.size)
             for idx in self.micro_batches(mini, whole_groups):
                 mb = mini.select(idx).to(self.device)
+                sums["forwarded"] += float(self.forwarded_tokens(mb))
                 out = self._scores(self.model, mb, gather_ids=gather(mb) if gather is not None else None)
                 lp, ent = out.logprobs, out.entropy
                 loss, metrics = (loss_fn(lp, ent, mb, norms) if gather is None
@@ -182,6 +197,10 @@ class Learner:
                 sums["entropy"] += float((ent * mb.loss_mask).sum())
                 for k, v in metrics.items():
                     sums[k] += float(v) * ntok
+            if mini.size == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
+                for p in self.model.parameters():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
             clip = self.cfg.optim.grad_clip
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
             sums["grad_norm"] += float(norm)
@@ -189,11 +208,15 @@ class Learner:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
-        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        tokens = sums.pop("tokens", 0.0)
         updates = max(sums.pop("updates", 0.0), 1.0)
+        skipped, rows = sums.pop("rows_skipped", 0.0), sums.pop("rows", 0.0)
         out = {"loss": sums.pop("loss", 0.0) / updates, "grad_norm": sums.pop("grad_norm", 0.0) / updates,
-               "lr": self.scheduler.get_last_lr()[0]}
-        out.update({k: v / tokens for k, v in sums.items()})
+               "lr": self.scheduler.get_last_lr()[0], "learner/tokens": sums.pop("forwarded", 0.0)}
+        if skip is not None:
+            out["learner/rows_skipped_frac"] = skipped / max(skipped + rows, 1.0)
+        if tokens:  # per-token means over the forwarded rows (none when every row was skipped)
+            out.update({k: v / tokens for k, v in sums.items()})
         return out
 
     def train_step(self, batch: Batch, step: int) -> dict[str, float]:
@@ -205,6 +228,7 @@ class Learner:
             batch.old_logprobs = self.logprobs(batch)
         constant = algo.loss_agg_constant or float(self.cfg.rollout.max_new_tokens)
         kl_in_loss = self.ref is not None and algo.kl_in == "loss"
+        skip = zero_advantage_rows if self.skips_zero_advantage else None
 
         def rl_loss(lp: torch.Tensor, ent: torch.Tensor, mb: Batch,
                     norms: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -231,11 +255,20 @@ class Learner:
                              num_seqs=norms["num_seqs"], constant=constant)
             return loss, metrics
 
-        out = self.optimize(batch, step, rl_loss)
+        out = self.optimize(batch, step, rl_loss, skip=skip)
         if batch.old_logprobs is not None:
             m = batch.loss_mask
             out["mismatch"] = float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum() / m.sum().clamp(min=1))
         return out
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """May RL rows with zero advantage skip the update? Only when nothing but the policy loss
+        (zero there, with zero gradient) acts on them: no KL in the loss, no entropy bonus."""
+        a = self.cfg.algo
+        return (self.cfg.train.skip_zero_advantage and not (self.ref is not None and a.kl_in == "loss")
+                and not a.entropy_coef
+                and bool(POLICY_LOSSES.get(a.policy_loss.name).attrs.get("zero_at_zero_advantage")))
 
     def update_kl_coef(self, kl: float, samples: int) -> float:
         """Adaptive KL: move beta toward the target after a step; fixed: unchanged."""

@@ -323,6 +323,5 @@ class Trainer(BaseTrainer):
         t3 = time.perf_counter()
         metrics.update({"time/learner": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0})
         metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(metrics["time/rollout"], 1e-9)
-        metrics["learner/tokens"] = float(learner.forwarded_tokens(batch))
         metrics["learner/tokens_per_s"] = metrics["learner/tokens"] / max(t2 - t1, 1e-9)
         return metrics

@@ -80,9 +80,8 @@ class RFTTrainer(BaseTrainer):
         t4 = time.perf_counter()
         self.sync_weights()
         t5 = time.perf_counter()
-        tokens = float(self.learner.forwarded_tokens(kept)) * r.epochs
         metrics.update({"time/learner": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0,
-                        "learner/tokens": tokens, "learner/tokens_per_s": tokens / max(t4 - t3, 1e-9)})
+                        "learner/tokens_per_s": metrics["learner/tokens"] / max(t4 - t3, 1e-9)})
         return metrics
 
     def write_samples(self, kept: Batch, example_idx: list[int], step: int) -> None:

@@ -69,9 +69,8 @@ class SFTTrainer(BaseTrainer):
         batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
         metrics = self.learner.optimize(batch, step, self.loss_fn)
         dt = time.perf_counter() - t0
-        tokens = float(self.learner.forwarded_tokens(batch))
-        metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()), "learner/tokens": tokens,
-                        "learner/tokens_per_s": tokens / max(dt, 1e-9), "time/learner": dt, "time/step": dt,
+        metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()),
+                        "learner/tokens_per_s": metrics["learner/tokens"] / max(dt, 1e-9), "time/learner": dt, "time/step": dt,
                         "sft/epoch": self.sampler.epoch + self.sampler.position / len(self.examples)})
         return metrics
 
