@@ -1,8 +1,11 @@
 """Per-token log-probs and entropy without a full [batch, time, vocab] logits tensor.
 
 The LM head runs only at the positions whose next token is trained (completion tokens,
-not prompt or padding), in chunks of rows; with gradients each chunk is checkpointed, so
-at most one chunk of logits is alive at a time in forward and in backward. Besides the
+not prompt or padding), in chunks of rows, so at most one chunk of logits is alive at a
+time in forward and in backward. The common case (log-probs with gradient, entropy as a
+metric) is one autograd function whose backward recomputes each chunk's logits and turns
+them into the gradient in place; the rest (entropy gradient, gathered ids, top-k) runs
+each chunk under activation checkpointing. Besides the
 log-prob of each token, the head can return log-probs at other given token ids ([N, L, K],
 e.g. a teacher's candidates) and the model's own top-k tokens (distillation).
 """
@@ -98,12 +101,79 @@ def _row_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return hidden[rows, cols], input_ids[rows, cols + 1], rows * length + cols + 1
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in at least fp32 (the softmax of a 49k vocabulary is not done in bf16)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+class _LinearLogprob(torch.autograd.Function):
+    """(log p(target), entropy) of each row of `h` under softmax((h W^T + b) / T), chunk by
+    chunk. Saves only h, the targets and each row's log-normaliser; backward recomputes a
+    chunk's logits, turns them into d logp / d logits = g (onehot - softmax) in place, and
+    accumulates dh and dW from it. The entropy is a metric: it gets no gradient."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                temperature: float, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logp, ent, lse = [], [], []
+        for s in range(0, h.shape[0], chunk_rows):
+            logits = _wide(torch.nn.functional.linear(h[s:s + chunk_rows], weight, bias))
+            if temperature != 1.0:
+                logits.div_(temperature)
+            norm = torch.logsumexp(logits, dim=-1)
+            logits.sub_(norm.unsqueeze(-1))  # log-softmax, in place
+            logp.append(logits.gather(-1, targets[s:s + chunk_rows].unsqueeze(-1)).squeeze(-1))
+            ent.append(-(logits.exp() * logits).sum(-1))
+            lse.append(norm)
+        ctx.save_for_backward(h, weight, bias, targets, torch.cat(lse))
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        entropy = torch.cat(ent)
+        ctx.mark_non_differentiable(entropy)
+        return torch.cat(logp), entropy
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None) -> tuple[Any, ...]:
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        dh = torch.empty_like(h) if need_h else None
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        dw = torch.zeros(weight.shape, dtype=acc) if need_w else None
+        db = torch.zeros(weight.shape[0], dtype=acc) if need_b and bias is not None else None
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else h.dtype
+        w_low = weight.to(dtype)
+        for s in range(0, h.shape[0], chunk_rows):
+            hc, g = h[s:s + chunk_rows].to(dtype), _wide(g_logp[s:s + chunk_rows])
+            logits = _wide(torch.nn.functional.linear(hc, w_low, bias))
+            if temperature != 1.0:
+                logits.div_(temperature)
+            grad = logits.sub_(lse[s:s + chunk_rows].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # -g * softmax
+            rows = torch.arange(grad.shape[0])
+            grad[rows, targets[s:s + chunk_rows]] += g  # + g * onehot
+            if temperature != 1.0:
+                grad.div_(temperature)
+            low = grad.to(dtype)
+            if dh is not None:
+                dh[s:s + chunk_rows] = low @ w_low
+            if dw is not None:
+                dw.add_(low.t() @ hc)
+            if db is not None:
+                db.add_(grad.sum(0))
+        return (dh, dw.to(weight.dtype) if dw is not None else None, db.to(bias.dtype) if db is not None else None,
+                None, None, None)
+
+
 def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int, temperature: float,
                   entropy_grad: bool = False, gather_ids: torch.Tensor | None = None, top_k: int = 0,
                   top_k_vocab: int | None = None) -> tuple[torch.Tensor | None, ...]:
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
-    grad = torch.is_grad_enabled() and weight.requires_grad
+    grad = torch.is_grad_enabled() and (weight.requires_grad or h.requires_grad)
+    if grad and not entropy_grad and gather_ids is None and not top_k and h.shape[0]:
+        logp, entropy = _LinearLogprob.apply(h, weight, bias, targets, temperature, chunk_rows)
+        return logp, entropy, None, None, None
     parts: list[tuple[torch.Tensor | None, ...]] = []
     for s in range(0, h.shape[0], chunk_rows):
         g = gather_ids[s:s + chunk_rows] if gather_ids is not None else None
