@@ -110,7 +110,8 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
               "learner_s": m.get("time/learner"), "sync_s": m.get("time/sync"),
               "generated_tokens": m.get("rollout/generated_tokens"), "reward_mean": m.get("reward/mean"),
               "learner_tokens_per_s": m.get("learner/tokens_per_s"), "mean_length": m.get("length/mean"),
-              "truncated_frac": m.get("length/truncated_frac"), "samples": samples, "loss": m.get("loss")})
+              "truncated_frac": m.get("length/truncated_frac"), "samples": samples, "loss": m.get("loss"),
+              "rows_skipped_frac": m.get("learner/rows_skipped_frac")})
         prev = now
     trainer.logger.close()
     trainer.close()
@@ -340,6 +341,7 @@ def summarize_run(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "generated_tokens_per_s_of_step": gen / wall if wall else None,
         "generated_tokens_per_step": gen / len(timed) if timed else None,
         "reward_per_step": [r.get("reward_mean") for r in steps],
+        "rows_skipped_frac": benchlib.summary([r.get("rows_skipped_frac") for r in timed]),
         "warmup_step_s": steps[0]["wall_s"] if steps else None,
         "init_s": ready.get("init_s"),
         "meta": meta,
@@ -364,6 +366,9 @@ def aggregate(variant: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "rollout_tokens_per_s": benchlib.summary(tps),
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "reward_per_step_by_run": [run["summary"]["reward_per_step"] for run in ok],
+        "rows_skipped_frac": benchlib.summary([x for run in ok for r in run["records"] if r.get("event") == "step"
+                                               and r["step"] > run["warmup"]
+                                               for x in [r.get("rows_skipped_frac")]]),
         "init_s": benchlib.summary([run["summary"]["init_s"] for run in ok]),
         "errors": [run["summary"]["error"] or f"exit code {run['returncode']}; see {run['log']}"
                    for run in runs if run not in ok],
@@ -376,6 +381,8 @@ def learner_label(meta: dict[str, Any]) -> str:
         return ""
     if meta.get("framework") == "trl":
         prec = "bf16 autocast" if meta.get("accelerate_mixed_precision") == "bf16" else "fp32"
+    elif "bfloat16" in str(meta.get("master_dtype")):
+        prec = "bf16 weights/grads/moments"
     else:
         prec = "bf16 autocast" if meta.get("learner_precision") == "bfloat16" else "fp32"
     return prec + (" + grad ckpt" if meta.get("grad_checkpointing") else "")
@@ -399,7 +406,7 @@ def print_tables(summary: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]
     tab = Table(title=f"GRPO step: {a.prompts_per_step} prompts x {a.n} completions x {a.max_new_tokens} new tokens, "
                       f"{a.steps} steps/run (first {a.warmup} excluded), {a.repeats} run(s) each")
     for col in ("variant", "learner", "engine", "s/step median", "min", "max", "peak RSS GiB", "gen tok/s",
-                "reward mean", "reward per step (run 1)", "init s", "ok"):
+                "reward mean", "reward per step (run 1)", "rows skipped", "init s", "ok"):
         tab.add_column(col, justify="left" if col in ("variant", "learner", "engine", "reward per step (run 1)")
                        else "right")
     for name, s in summary.items():
@@ -409,7 +416,8 @@ def print_tables(summary: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]
         tab.add_row(name, learner, s["engine"], benchlib.fmt(st["median"]),
                     benchlib.fmt(st["min"]), benchlib.fmt(st["max"]), benchlib.fmt(s["peak_rss_gib"]["median"]),
                     benchlib.fmt(s["rollout_tokens_per_s"]["median"], ".0f"), benchlib.fmt(s["reward_mean"], ".3f"),
-                    " ".join(benchlib.fmt(x, ".2f") for x in per_step), benchlib.fmt(s["init_s"]["median"], ".1f"),
+                    " ".join(benchlib.fmt(x, ".2f") for x in per_step),
+                    benchlib.fmt(s["rows_skipped_frac"]["median"], ".2f"), benchlib.fmt(s["init_s"]["median"], ".1f"),
                     f"{s['runs_ok']}/{s['runs']}")
     console.print(tab)
     rt = Table(title="ratios upslope / TRL (s/step and RSS: lower is better for upslope; tok/s: higher)")
