@@ -146,10 +146,13 @@ class TrainConfig(Section):
     steps: int = opt(40, "training steps (one rollout batch each)", ge=1)
     updates_per_batch: int = opt(1, "optimiser steps per rollout batch (mini-batches x epochs)", ge=1)
     epochs_per_batch: int = opt(1, "passes over each rollout batch", ge=1)
-    micro_batch_tokens: int = opt(4096, "token budget (rows x longest row) of one forward/backward", ge=16)
-    logprob_chunk: int = opt(1024, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
+    micro_batch_tokens: int = opt(512, "token budget (rows x longest row) of one forward/backward: bounds activation "
+                                       "memory (~0.7 MiB a token for a 135M model in bf16)", ge=16)
+    logprob_chunk: int = opt(256, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
     precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (see model.dtype)")
     grad_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    lean_norm: bool = opt(True, "RMSNorm that keeps only its input for backward (same values, less activation "
+                                "memory; Llama/Qwen/Mistral-style norms)")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
     skip_zero_advantage: bool = opt(True, "RL: no forward/backward for rows whose advantage is 0 on every token "
                                           "(their loss and gradient are exactly 0; needs no KL in the loss and "

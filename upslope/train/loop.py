@@ -32,6 +32,7 @@ from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train import stages
 from upslope.train.learner import Learner, default_device
+from upslope.train.memory import release_freed_memory
 
 GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
 
@@ -129,8 +130,10 @@ class BaseTrainer:
                               stop_token_ids=self.runtime.stop_ids)
 
     def sync_weights(self) -> None:
-        """Push the learner's weights into the rollout engine (starting it if needed)."""
+        """Push the learner's weights into the rollout engine (starting it if needed), then hand
+        the update's freed memory back to the OS."""
         self.runtime.engine.update_weights(self.learner.named_weights())
+        release_freed_memory()
 
     # ------------------------------------------------------------------ run
 

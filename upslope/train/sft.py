@@ -16,6 +16,7 @@ from upslope.errors import ConfigError
 from upslope.logs.progress import console
 from upslope.train.learner import LossFn
 from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.memory import release_freed_memory
 
 
 def supervised_loss(dft: bool) -> LossFn:
@@ -68,6 +69,7 @@ class SFTTrainer(BaseTrainer):
         idx = self.sampler.next(self.cfg.sft.batch_size)
         batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
         metrics = self.learner.optimize(batch, step, self.loss_fn)
+        release_freed_memory()
         dt = time.perf_counter() - t0
         metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()),
                         "learner/tokens_per_s": metrics["learner/tokens"] / max(dt, 1e-9), "time/learner": dt, "time/step": dt,
