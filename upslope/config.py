@@ -134,8 +134,9 @@ class OptimConfig(Section):
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
     eps: float = opt(1e-8, "AdamW epsilon")
-    state_dtype: Literal["auto", "float32", "bfloat16"] = opt(
-        "auto", "AdamW moments' dtype (auto: the weights' dtype; bf16 weights are updated with stochastic rounding)")
+    state_dtype: Literal["auto", "float32", "bfloat16", "int8"] = opt(
+        "auto", "AdamW moments' dtype (auto: the weights' dtype; int8: block-wise 8-bit; bf16 weights are updated "
+                "with stochastic rounding)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", ge=0)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0)
     schedule: Literal["constant", "cosine", "linear"] = opt("constant", "learning-rate schedule after warmup")
@@ -151,8 +152,8 @@ class TrainConfig(Section):
     logprob_chunk: int = opt(256, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
     precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (see model.dtype)")
     grad_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
-    lean_norm: bool = opt(True, "RMSNorm that keeps only its input for backward (same values, less activation "
-                                "memory; Llama/Qwen/Mistral-style norms)")
+    lean_activations: bool = opt(True, "RMSNorm and SwiGLU MLP that keep fewer activations for backward (same "
+                                       "values; Llama/Qwen/Mistral-style layers)")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
     skip_zero_advantage: bool = opt(True, "RL: no forward/backward for rows whose advantage is 0 on every token "
                                           "(their loss and gradient are exactly 0; needs no KL in the loss and "

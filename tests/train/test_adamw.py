@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -87,14 +88,16 @@ def test_small_updates_survive_in_bf16_only_with_stochastic_rounding():
     assert float(sr[0].detach().float().mean()) == pytest.approx(1.0 - steps * lr, abs=1e-3)
 
 
-def test_resume_from_state_dict_continues_bit_for_bit():
+@pytest.mark.parametrize("weights,state", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
+def test_resume_from_state_dict_continues_bit_for_bit(weights, state):
     params, grads = random_problem(2)
-    a = [p.to(torch.bfloat16).requires_grad_() for p in params]
-    opt_a = AdamW(a, lr=1e-3, seed=7)
+    a = [p.to(weights).requires_grad_() for p in params]
+    opt_a = AdamW(a, lr=1e-3, seed=7, state_dtype=state)
     run_steps(opt_a, a, grads[:2])
     b = [p.detach().clone().requires_grad_() for p in a]
-    opt_b = AdamW(b, lr=1e-3, seed=7)
+    opt_b = AdamW(b, lr=1e-3, seed=7, state_dtype=state)
     opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    assert all(s["exp_avg"].dtype == state for s in opt_b.state.values())  # not cast to the weights' dtype
     run_steps(opt_a, a, grads[2:])
     run_steps(opt_b, b, grads[2:])
     assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -106,3 +109,53 @@ def test_make_optimizer_picks_the_kernel(weights, state, expected):
     p = torch.nn.Parameter(torch.zeros(3, dtype=weights))
     opt = make_optimizer([p], OptimConfig(state_dtype=state))
     assert type(opt) is expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([True, False]), st.floats(1e-12, 1e3))
+def test_log8_round_trip_is_within_its_relative_error(seed, signed, magnitude):
+    from upslope.train.adamw import QBLOCK, dequantize_log8, quantize_log8
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4 * QBLOCK, generator=gen) * magnitude * torch.exp(torch.randn(4 * QBLOCK, generator=gen) * 3)
+    if not signed:
+        x = x.abs()
+    x[::7] = 0.0
+    codes, scale = quantize_log8(x, signed)
+    assert codes.dtype == (torch.int8 if signed else torch.uint8) and scale.numel() == 4
+    y = dequantize_log8(codes, scale)
+    blockmax = x.view(-1, QBLOCK).abs().amax(1).repeat_interleave(QBLOCK)
+    big = x.abs() >= 1e-7 * blockmax  # the codes cover 7 decades below the block's absmax
+    rel = ((y - x).abs() / x.abs())[big & (x != 0)]
+    half_step = math.log(1e7) / (126 if signed else 254) / 2  # codes are evenly spaced in log |x|
+    assert float(rel.max()) <= math.exp(half_step) - 1 + 1e-4  # 6.6% signed, 3.2% unsigned
+    assert bool((y[x == 0] == 0).all()) and bool((y.sign() == x.sign())[big].all())
+    assert bool(((y - x).abs()[~big] <= 1e-7 * blockmax[~big]).all())  # below range: ~0
+
+
+def test_int8_moments_track_fp32_adamw_and_take_a_quarter_of_the_memory():
+    params, grads = random_problem(3, shapes=((300, 7), (1000,)))
+    ref = [p.clone().requires_grad_() for p in params]
+    ours = [p.clone().requires_grad_() for p in params]
+    run_steps(torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.0, foreach=False), ref, grads)
+    opt = AdamW(ours, lr=1e-2, state_dtype=torch.int8, chunk=512)
+    run_steps(opt, ours, grads)
+    for a, b, p in zip(ours, ref, params):
+        rel = ((a - b).abs() / (b - p).abs()).detach()
+        assert float(rel.median()) < 0.03 and float((rel < 0.15).float().mean()) > 0.95
+    state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+    fp32_bytes = sum(2 * p.numel() * 4 for p in params)
+    assert state_bytes < 0.3 * fp32_bytes  # 2 bytes + an fp32 absmax per 256 values, tensors padded to 256
+
+
+def test_int8_moments_resume_bit_for_bit():
+    params, grads = random_problem(4)
+    a = [p.to(torch.bfloat16).requires_grad_() for p in params]
+    opt_a = AdamW(a, lr=1e-3, seed=3, state_dtype=torch.int8)
+    run_steps(opt_a, a, grads[:2])
+    b = [p.detach().clone().requires_grad_() for p in a]
+    opt_b = AdamW(b, lr=1e-3, seed=3, state_dtype=torch.int8)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    run_steps(opt_a, a, grads[2:])
+    run_steps(opt_b, b, grads[2:])
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -1,21 +1,53 @@
-"""AdamW for low-precision training: moments stored in bf16 (or fp32), and bf16 weights updated
-with stochastic rounding, so that the learner can hold weights, gradients and both moments in
-2 bytes each (8 bytes a parameter instead of 16) and still learn at small learning rates.
+"""AdamW for low-precision training: moments stored in bf16 or 8 bits (or fp32), and bf16
+weights updated with stochastic rounding, so that the learner can hold weights and gradients
+in 2 bytes each and both moments in 4 or 2 (8 or 6 bytes a parameter instead of 16) and still
+learn at small learning rates.
 
 Rounding a bf16 weight to nearest after each step loses every update smaller than half its
 spacing (2^-8 relative), which at RL learning rates (1e-6..1e-4) is most of them. Stochastic
 rounding rounds up with probability equal to the remainder's share of the spacing, so the
 update is kept in expectation (Zamirai et al. 2020, "Revisiting BFloat16 Training"). The
 arithmetic is fp32, chunk by chunk, so no parameter-sized fp32 temporary is ever allocated.
+
+8-bit moments are block-wise (256 values share an fp32 absmax) and logarithmic (codes spaced
+evenly in log |x| over 7 decades below the block's absmax; 0 stays exact), as block-wise
+dynamic quantization does (Dettmers et al. 2022, "8-bit Optimizers via Block-wise
+Quantization"): the first moment as sign + 127 levels (<= 6.6% relative error), the second
+as its square root on 255 levels (<= 3.2%).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 import torch
 
 _LOW_BITS = 1 << 16  # the fp32 mantissa bits a bf16 drops
 _HIGH_MASK = -_LOW_BITS  # 0xFFFF0000 as int32
+QBLOCK = 256  # values sharing one absmax in 8-bit moments
+_DECADES = math.log(1e7)  # the smallest non-zero code is 1e-7 of the block's absmax
+
+
+def quantize_log8(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (fp32, flat; length a multiple of QBLOCK) -> (int8/uint8 codes, fp32 absmax per block)."""
+    levels = 127 if signed else 255
+    blocks = x.view(-1, QBLOCK)
+    scale = blocks.abs().amax(1)
+    ratio = blocks.abs() / scale.clamp(min=1e-30).unsqueeze(1)
+    codes = ratio.log_().mul_((levels - 1) / _DECADES).add_(levels).round_().clamp_(0, levels)
+    if signed:
+        return codes.mul_(blocks.sign()).to(torch.int8).view(-1), scale
+    return codes.to(torch.uint8).view(-1), scale
+
+
+def dequantize_log8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The inverse of `quantize_log8` (to within its rounding), fp32 and flat."""
+    signed = codes.dtype == torch.int8
+    levels = 127 if signed else 255
+    q = codes.view(-1, QBLOCK).float()
+    mag = q.abs()
+    x = mag.sub(levels).mul_(_DECADES / (levels - 1)).exp_().mul_(mag > 0).mul_(scale.unsqueeze(1))
+    return (x.mul_(q.sign()) if signed else x).view(-1)
 
 
 def stochastic_round_(dst: torch.Tensor, src: torch.Tensor, noise: torch.Tensor) -> None:
@@ -52,9 +84,22 @@ class AdamW(torch.optim.Optimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0, state_dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, chunk: int = 1 << 18):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        if state_dtype == torch.int8 and chunk % QBLOCK:
+            raise ValueError(f"chunk must be a multiple of {QBLOCK} with 8-bit moments (got {chunk})")
         self.state_dtype = state_dtype
         self.seed = seed
         self.chunk = chunk
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's loading, then each state tensor back in its saved dtype: torch casts floating
+        state to the parameter's dtype, which would turn bf16 moments of fp32 weights into fp32
+        ones and round the fp32 scales of 8-bit moments of bf16 weights to bf16."""
+        super().load_state_dict(state_dict)
+        for group, saved_group in zip(self.param_groups, state_dict["param_groups"]):
+            for p, index in zip(group["params"], saved_group["params"]):
+                for key, value in state_dict["state"].get(index, {}).items():
+                    if key != "step" and isinstance(value, torch.Tensor):
+                        self.state[p][key] = value.to(device=p.device)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -69,31 +114,53 @@ class AdamW(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
-                                                           memory_format=torch.contiguous_format)
+                    state.update(_new_moments(p, self.state_dtype))
                 state["step"] += 1
                 t = int(state["step"])
                 if p.dtype != torch.float32 and noise is None:
                     noise = RoundingNoise(self.chunk, self.seed, t)
-                _update(p, p.grad, state["exp_avg"], state["exp_avg_sq"], lr=lr, b1=b1, b2=b2, eps=eps, wd=wd,
-                        bc1=1 - b1 ** t, bc2=1 - b2 ** t, chunk=self.chunk, noise=noise)
+                _update(p, p.grad, state, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, bc1=1 - b1 ** t, bc2=1 - b2 ** t,
+                        chunk=self.chunk, noise=noise)
         return loss
 
 
-def _update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, lr: float,
-            b1: float, b2: float, eps: float, wd: float, bc1: float, bc2: float, chunk: int,
-            noise: RoundingNoise | None) -> None:
+def _new_moments(p: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Zero moments for `p`: plain tensors, or (dtype int8) 8-bit codes padded to whole blocks
+    plus one fp32 absmax per block (the second moment stored as its square root)."""
+    if dtype != torch.int8:
+        return {"exp_avg": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)}
+    blocks = -(-p.numel() // QBLOCK)
+    return {"exp_avg": torch.zeros(blocks * QBLOCK, dtype=torch.int8), "exp_avg_scale": torch.zeros(blocks),
+            "exp_avg_sq": torch.zeros(blocks * QBLOCK, dtype=torch.uint8), "exp_avg_sq_scale": torch.zeros(blocks)}
+
+
+def _update(p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], *, lr: float, b1: float, b2: float,
+            eps: float, wd: float, bc1: float, bc2: float, chunk: int, noise: RoundingNoise | None) -> None:
     """One parameter's AdamW step, in fp32, `chunk` elements at a time (cache-sized temporaries)."""
     flat_p, flat_g = p.view(-1), grad.reshape(-1)
-    flat_m, flat_v = exp_avg.view(-1), exp_avg_sq.view(-1)
+    flat_m, flat_v = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
+    quantized = "exp_avg_scale" in state
     in_place = p.dtype == torch.float32
-    for s in range(0, flat_p.numel(), chunk):
-        e = s + chunk
+    n = flat_p.numel()
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
         g = flat_g[s:e].float()
-        m = flat_m[s:e].float().lerp_(g, 1 - b1)
-        v = flat_v[s:e].float().mul_(b2).addcmul_(g, g, value=1 - b2)
-        if flat_m.dtype != torch.float32:  # (fp32 moments were updated in place above)
+        if quantized:  # whole blocks: the chunk is a multiple of QBLOCK, the last one padded
+            b0, b1_ = s // QBLOCK, -(-e // QBLOCK)
+            qe = b1_ * QBLOCK
+            m = dequantize_log8(flat_m[s:qe], state["exp_avg_scale"][b0:b1_])
+            v = dequantize_log8(flat_v[s:qe], state["exp_avg_sq_scale"][b0:b1_]).square_()
+            g = torch.nn.functional.pad(g, (0, qe - e))
+        else:
+            m, v = flat_m[s:e].float(), flat_v[s:e].float()
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        if quantized:
+            flat_m[s:qe], state["exp_avg_scale"][b0:b1_] = quantize_log8(m, signed=True)
+            flat_v[s:qe], state["exp_avg_sq_scale"][b0:b1_] = quantize_log8(v.sqrt(), signed=False)
+            m, v = m[:e - s], v[:e - s]
+        elif flat_m.dtype != torch.float32:  # (fp32 moments were updated in place above)
             flat_m[s:e].copy_(m)
             flat_v[s:e].copy_(v)
         denom = v.div(bc2).sqrt_().add_(eps)

@@ -17,7 +17,7 @@ from upslope.config import Config
 from upslope.models import load_model
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
 from upslope.train.logprobs import HeadOutput, same_prompt_within_groups, token_scores
-from upslope.train.memory import use_lean_norms
+from upslope.train.memory import use_lean_activations
 from upslope.train.optim import make_optimizer, make_scheduler
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, float]], tuple[torch.Tensor, dict[str, float]]]
@@ -41,8 +41,8 @@ class Learner:
         self.device = torch.device(device) if device is not None else default_device()
         self.model = load_model(model_path, cfg.model.dtype, cfg.model.trust_remote_code).to(self.device)
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
-        if cfg.train.lean_norm:
-            use_lean_norms(self.model)
+        if cfg.train.lean_activations:
+            use_lean_activations(self.model)
         if cfg.train.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:  # only the adapter trains; the base weights stay frozen

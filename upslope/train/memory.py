@@ -1,5 +1,6 @@
-"""Learner memory savers that change no result: an RMSNorm that keeps only its input for
-backward, and handing freed heap pages back to the OS between steps."""
+"""Learner memory savers that change no result: an RMSNorm and a SwiGLU MLP that keep fewer
+activations for backward (recomputing cheap elementwise ops instead), and handing freed heap
+pages back to the OS between steps."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +11,9 @@ from typing import Any
 import torch
 
 # RMSNorm classes computing exactly weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)
-LLAMA_STYLE_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "Phi3RMSNorm"}
+LLAMA_STYLE_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
+# MLP classes computing exactly down_proj(act_fn(gate_proj(x)) * up_proj(x))
+LLAMA_STYLE_MLPS = {"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP"}
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -37,17 +40,60 @@ class _RMSNorm(torch.autograd.Function):
         return dx.to(x.dtype), dweight, None
 
 
-def _lean_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+class _SwiGLUDown(torch.autograd.Function):
+    """down(silu(gate) * up). Autograd on the module keeps gate, silu(gate), up and their
+    product (the down projection's input); this keeps gate and up and recomputes the other
+    two in backward: half the MLP's saved activations, no extra matmul."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, weight, bias)
+        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight, bias)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, up, weight, bias = ctx.saved_tensors
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+        act = torch.nn.functional.silu(gate)
+        d_out = d_out.to(dtype)
+        dw = db = None
+        if ctx.needs_input_grad[2]:
+            product = (act * up).to(dtype)
+            dw = (d_out.reshape(-1, d_out.shape[-1]).t() @ product.reshape(-1, product.shape[-1])).to(weight.dtype)
+        if bias is not None and ctx.needs_input_grad[3]:
+            db = d_out.reshape(-1, d_out.shape[-1]).float().sum(0).to(bias.dtype)
+        d_product = (d_out @ weight.to(dtype)).to(gate.dtype)
+        sig = torch.sigmoid(gate)
+        d_gate = d_product * up * (sig * (1 + gate * (1 - sig)))
+        d_up = d_product * act
+        return d_gate, d_up, dw, db
+
+
+def _lean_norm_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return _RMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
 
 
-def use_lean_norms(model: torch.nn.Module) -> int:
-    """Swap the forward of every Llama-style RMSNorm in `model` for the lean one; returns how
-    many were swapped (0 for architectures whose norm differs, which keep theirs)."""
+def _lean_mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    down = self.down_proj
+    if type(down) is not torch.nn.Linear:  # e.g. a LoRA layer wrapped around it later: the module's own path
+        return type(self).forward(self, x)
+    return _SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), down.weight, down.bias)
+
+
+def use_lean_activations(model: torch.nn.Module) -> int:
+    """Swap the forward of every Llama-style RMSNorm and SiLU MLP in `model` for the lean ones;
+    returns how many modules were swapped (architectures that differ keep their own)."""
     count = 0
     for module in model.modules():
-        if type(module).__name__ in LLAMA_STYLE_NORMS and hasattr(module, "variance_epsilon"):
-            module.forward = types.MethodType(_lean_forward, module)
+        name = type(module).__name__
+        if name in LLAMA_STYLE_NORMS and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_lean_norm_forward, module)
+            count += 1
+        elif name in LLAMA_STYLE_MLPS and getattr(getattr(module, "config", None), "hidden_act", None) == "silu":
+            module.forward = types.MethodType(_lean_mlp_forward, module)
             count += 1
     return count
 
