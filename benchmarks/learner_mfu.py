@@ -12,7 +12,8 @@ approximation.
 
 Shapes: `bench` = the GRPO benchmark (8 prompts x 4 completions, 38-token prompts as the
 chat-templated arith prompts are, 32 new tokens); `long` = 512-token completions (4 prompts x 4 by default). Every combination of
-precision (fp32, bf16 autocast) and `train.share_prompt` (true, false) runs in turn.
+precision (fp32; bf16 = upslope's default bf16 weights, gradients and moments; bf16-mixed = fp32
+master weights under bf16 autocast) and `train.share_prompt` (true, false) runs in turn.
 
 Usage:
   nice -n 19 python benchmarks/learner_mfu.py                      # CPU, SmolLM2-135M
@@ -34,7 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# learner precision cells: their overrides, and the matmul peak each is measured against
+PRECISIONS = {"fp32": (["train.precision=float32"], "fp32"),
+              "bf16": (["train.precision=bfloat16"], "bf16"),  # upslope's default: bf16 weights, grads, moments
+              "bf16-mixed": (["train.precision=bfloat16", "model.dtype=float32"], "bf16")}  # fp32 master + autocast
 
 
 # ---------------------------------------------------------------- peak
@@ -147,7 +151,7 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
 
     prompts, n, plen, clen = ((a.bench_prompts, a.bench_n, a.bench_prompt_tokens, a.bench_new_tokens) if shape == "bench"
                               else (a.long_prompts, a.long_n, a.long_prompt_tokens, a.long_new_tokens))
-    cfg = load_config(None, [f"model.name={model_path}", f"train.precision={DTYPES[precision]}",
+    cfg = load_config(None, [f"model.name={model_path}", *PRECISIONS[precision][0],
                              f"train.share_prompt={str(share).lower()}", f"rollout.max_new_tokens={clen}",
                              f"rollout.prompts_per_step={prompts}", f"rollout.n={n}", "algo.kl_coef=0",
                              f"train.steps={a.steps + a.warmup}", *(a.override or [])])
@@ -195,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: a randomly initialised Llama-style model of about this many parameters, e.g. 0.5e9")
     p.add_argument("--random-dir", help="where the random model is saved (default: the system temp dir)")
     p.add_argument("--shapes", default="bench,long", help="comma list of: bench, long")
-    p.add_argument("--precisions", default="fp32,bf16", help="comma list of: fp32, bf16")
+    p.add_argument("--precisions", default="fp32,bf16,bf16-mixed",
+                   help="comma list of: fp32, bf16 (bf16 weights/grads/moments), bf16-mixed (fp32 master + autocast)")
     p.add_argument("--share-prompt", default="true,false", help="comma list of: true, false")
     p.add_argument("--steps", type=int, default=3, help="timed updates per cell (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed updates first")
@@ -227,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     size = a.mm_size or (8192 if a.device == "cuda" else 2048)
     precisions = [x for x in a.precisions.split(",") if x]
     peaks = {}
-    for prec in precisions:
-        peaks[prec] = matmul_peak(a.device, prec, size, a.mm_repeats)
-        console.print(f"matmul peak {prec} ({size}x{size}, {torch.get_num_threads()} threads): "
-                      f"{peaks[prec]['best_flops'] / 1e9:,.0f} GFLOP/s best, "
-                      f"{peaks[prec]['median_flops'] / 1e9:,.0f} median")
+    for kind in sorted({PRECISIONS[p][1] for p in precisions}):
+        peaks[kind] = matmul_peak(a.device, kind, size, a.mm_repeats)
+        console.print(f"matmul peak {kind} ({size}x{size}, {torch.get_num_threads()} threads): "
+                      f"{peaks[kind]['best_flops'] / 1e9:,.0f} GFLOP/s best, "
+                      f"{peaks[kind]['median_flops'] / 1e9:,.0f} median")
+    peaks.update({p: peaks[PRECISIONS[p][1]] for p in precisions})
     model_path = model_path_for(a)
     console.print(f"[dim]model: {model_path}[/dim]")
     cells = []
