@@ -161,3 +161,44 @@ def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature,
 
     for ours, ref in zip(grads(fused), grads(exact)):
         torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_prompt", "rows"])
+def test_checkpointed_layers_give_the_same_values_and_gradients(tiny, shared):
+    """Per-layer activation checkpointing (which keeps the shared prompt's KV cache) changes no
+    log-prob and no gradient, and leaves the layers as they were."""
+    from upslope.train.logprobs import token_scores
+
+    b = make_batch(seed=2)
+    weights = torch.linspace(0.5, 1.5, b.input_ids.numel()).view_as(b.input_ids)
+    out = []
+    for ckpt in (False, True):
+        tiny.zero_grad()
+        lp = token_scores(tiny, b.input_ids, b.attention_mask, b.loss_mask, chunk_rows=7, checkpoint_layers=ckpt,
+                          shared=(b.prompt_lens, b.seq_lens, b.group_ids) if shared else None).logprobs
+        (lp * weights).sum().backward()
+        out.append((lp.detach(), {k: p.grad.clone() for k, p in tiny.named_parameters()}))
+    tiny.zero_grad()
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=0, atol=0)
+    for k, g in out[0][1].items():
+        torch.testing.assert_close(out[1][1][k], g, rtol=1e-5, atol=1e-7, msg=k)
+    assert all("forward" not in layer.__dict__ for layer in tiny.model.layers)
+
+
+def test_checkpointed_layers_recompute_in_backward(tiny):
+    """The layers really run twice with checkpointing (forward, then again in backward)."""
+    from upslope.train.logprobs import token_scores
+
+    b = make_batch(seed=3)
+    calls = []
+    hook = tiny.model.layers[0].mlp.register_forward_pre_hook(lambda m, i: calls.append(1))
+    try:
+        for ckpt in (False, True):
+            calls.clear()
+            lp = token_scores(tiny, b.input_ids, b.attention_mask, b.loss_mask, checkpoint_layers=ckpt,
+                              shared=(b.prompt_lens, b.seq_lens, b.group_ids)).logprobs
+            lp.sum().backward()
+            assert len(calls) == (3 if ckpt else 2)  # prompt pass + completion pass (+ its recompute)
+    finally:
+        hook.remove()
+        tiny.zero_grad()

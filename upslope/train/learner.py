@@ -43,8 +43,6 @@ class Learner:
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if cfg.train.lean_activations:
             use_lean_activations(self.model)
-        if cfg.train.grad_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora.enabled:  # only the adapter trains; the base weights stay frozen
             self.model = lora.wrap(self.model, cfg.lora)
         self.model.train()
@@ -82,9 +80,8 @@ class Learner:
 
     @property
     def share_prompt(self) -> bool:
-        """Forward each group's prompt once (KV cache shared by its completions)? Not with
-        gradient checkpointing, which disables HF's cache."""
-        return self.cfg.train.share_prompt and not self.cfg.train.grad_checkpointing
+        """Forward each group's prompt once (KV cache shared by its completions)?"""
+        return self.cfg.train.share_prompt
 
     def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
         """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
@@ -119,7 +116,8 @@ class Learner:
                                 temperature=self.temperature if temperature is None else temperature,
                                 entropy_grad=bool(self.cfg.algo.entropy_coef) and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
-                                top_k=top_k, top_k_vocab=top_k_vocab)
+                                top_k=top_k, top_k_vocab=top_k_vocab,
+                                checkpoint_layers=self.cfg.train.grad_checkpointing)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float | None = None, top_k: int = 0,

@@ -11,8 +11,9 @@ e.g. a teacher's candidates) and the model's own top-k tokens (distillation).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -52,16 +53,20 @@ def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, *,
                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, chunk_rows: int = 1024,
                  temperature: float = 1.0, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
-                 top_k: int = 0, top_k_vocab: int | None = None) -> HeadOutput:
+                 top_k: int = 0, top_k_vocab: int | None = None, checkpoint_layers: bool = False) -> HeadOutput:
     """Log-prob and entropy of every token where `target_mask` is set; with `gather_ids`
     [N, L, K] also the log-probs at those ids, with `top_k` the model's own top-k (ids and
     log-probs; among the first `top_k_vocab` ids when given). `shared` = (prompt_lens,
-    seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt)."""
+    seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt).
+    `checkpoint_layers` keeps only each decoder layer's input for backward and recomputes
+    the layer there (with `shared`: the completion pass; the shared prompts are short)."""
     n, length = input_ids.shape
     if shared is None:
-        h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
+        with checkpointed_layers(model, checkpoint_layers):
+            h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
     else:
-        h, targets, flat_index = _shared_prompt_states(model, input_ids, attention_mask, target_mask, *shared)
+        h, targets, flat_index = _shared_prompt_states(model, input_ids, attention_mask, target_mask, *shared,
+                                                       checkpoint_layers=checkpoint_layers)
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
     outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab)
     lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
@@ -217,9 +222,52 @@ def token_logprobs_shared_prompt(model: Any, input_ids: torch.Tensor, attention_
     return out.logprobs, out.entropy
 
 
+@contextlib.contextmanager
+def checkpointed_layers(model: Any, enabled: bool = True) -> Iterator[None]:
+    """Within the block (and with gradients on), each decoder layer of `model` keeps only its
+    inputs for backward and runs again there (activation checkpointing per layer). Unlike
+    HF's gradient checkpointing it leaves a passed KV cache in place, so the shared-prompt
+    forward keeps working; the cache must not change between the two runs (`_PrefixCache`)."""
+    layers = getattr(_body(model), "layers", None)
+    if not enabled or not torch.is_grad_enabled() or layers is None:
+        yield
+        return
+    own = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        def run(*args: Any, _forward: Any = layer.forward, **kwargs: Any) -> Any:
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+        layer.forward = run
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, own):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
+def _prefix_cache(cache: Any) -> Any:
+    """The prompts' filled KV cache as a read-only prefix: a layer gets the prompt's keys and
+    values followed by its own, and the cache stays as it was (so a checkpointed layer that
+    runs again in backward sees the same prefix)."""
+    from transformers import DynamicCache
+
+    class _PrefixCache(DynamicCache):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
+
+    prefix = _PrefixCache()
+    prefix.layers = cache.layers
+    return prefix
+
+
 def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           target_mask: torch.Tensor, prompt_lens: torch.Tensor, seq_lens: torch.Tensor,
-                          group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          group_ids: torch.Tensor,
+                          checkpoint_layers: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`_row_states` with each group's prompt forwarded once and its KV cache shared."""
     from transformers import DynamicCache
 
@@ -251,8 +299,9 @@ def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: t
     c_ids = input_ids.gather(1, c_src) * c_att
     c_pos = plens[row_group].unsqueeze(1) + ccols.unsqueeze(0)
     full_att = torch.cat([p_att[row_group], c_att], 1)
-    c_hidden = body(input_ids=c_ids, attention_mask=full_att, position_ids=c_pos, past_key_values=cache,
-                    use_cache=True).last_hidden_state
+    with checkpointed_layers(model, checkpoint_layers):
+        c_hidden = body(input_ids=c_ids, attention_mask=full_att, position_ids=c_pos,
+                        past_key_values=_prefix_cache(cache), use_cache=True).last_hidden_state
     # the state predicting completion token t: the prompt's last state for t = 0, else completion t-1
     h = torch.cat([p_hidden[row_group, -1:], c_hidden[:, :-1]], 1)
     c_target = target_mask.gather(1, c_src) * c_att > 0
