@@ -124,13 +124,14 @@ def test_log8_round_trip_is_within_its_relative_error(seed, signed, magnitude):
     codes, scale = quantize_log8(x, signed)
     assert codes.dtype == (torch.int8 if signed else torch.uint8) and scale.numel() == 4
     y = dequantize_log8(codes, scale)
+    decades = 7 if signed else 14  # the codes' range below the block's absmax
     blockmax = x.view(-1, QBLOCK).abs().amax(1).repeat_interleave(QBLOCK)
-    big = x.abs() >= 1e-7 * blockmax  # the codes cover 7 decades below the block's absmax
+    big = x.abs() >= 10.0 ** -decades * blockmax
     rel = ((y - x).abs() / x.abs())[big & (x != 0)]
-    half_step = math.log(1e7) / (126 if signed else 254) / 2  # codes are evenly spaced in log |x|
-    assert float(rel.max()) <= math.exp(half_step) - 1 + 1e-4  # 6.6% signed, 3.2% unsigned
+    half_step = math.log(10.0 ** decades) / (126 if signed else 254) / 2  # codes are evenly spaced in log |x|
+    assert float(rel.max()) <= math.exp(half_step) - 1 + 1e-4  # 6.6% signed, 6.5% unsigned
     assert bool((y[x == 0] == 0).all()) and bool((y.sign() == x.sign())[big].all())
-    assert bool(((y - x).abs()[~big] <= 1e-7 * blockmax[~big]).all())  # below range: ~0
+    assert bool(((y - x).abs()[~big] <= 10.0 ** -decades * blockmax[~big]).all())  # below range: ~0
 
 
 def test_int8_moments_track_fp32_adamw_and_take_a_quarter_of_the_memory():
@@ -142,7 +143,7 @@ def test_int8_moments_track_fp32_adamw_and_take_a_quarter_of_the_memory():
     run_steps(opt, ours, grads)
     for a, b, p in zip(ours, ref, params):
         rel = ((a - b).abs() / (b - p).abs()).detach()
-        assert float(rel.median()) < 0.03 and float((rel < 0.15).float().mean()) > 0.95
+        assert float(rel.median()) < 0.03 and float((rel < 0.15).float().mean()) > 0.9
     state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
     fp32_bytes = sum(2 * p.numel() * 4 for p in params)
     assert state_bytes < 0.3 * fp32_bytes  # 2 bytes + an fp32 absmax per 256 values, tensors padded to 256

@@ -145,7 +145,7 @@ class _LinearLogprob(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dh = torch.empty_like(h) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)
-        dw = torch.zeros(weight.shape, dtype=acc) if need_w else None
+        dw: torch.Tensor | None = None  # no [vocab, hidden] fp32 buffer for bf16 weights
         db = torch.zeros(weight.shape[0], dtype=acc) if need_b and bias is not None else None
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else h.dtype
         w_low = weight.to(dtype)
@@ -162,10 +162,13 @@ class _LinearLogprob(torch.autograd.Function):
             low = grad.to(dtype)
             if dh is not None:
                 dh[s:s + chunk_rows] = low @ w_low
-            if dw is not None:
-                dw.add_(low.t() @ hc)
+            if need_w:
+                part = (low.t() @ hc).to(weight.dtype)  # summed in the weight's dtype (fp32 for fp32 weights)
+                dw = part if dw is None else dw.add_(part)
             if db is not None:
                 db.add_(grad.sum(0))
+        if need_w and dw is None:  # no rows
+            dw = torch.zeros_like(weight)
         return (dh, dw.to(weight.dtype) if dw is not None else None, db.to(bias.dtype) if db is not None else None,
                 None, None, None)
 
