@@ -94,7 +94,7 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
     emit({"event": "meta", "framework": "upslope", "model_path": trainer.runtime.model_path,
           "engine": engine_name(cfg.engine), "learner_precision": cfg.train.precision,
           "master_dtype": str(next(learner.model.parameters()).dtype),
-          "grad_checkpointing": bool(getattr(learner.model, "is_gradient_checkpointing", False)),
+          "grad_checkpointing": cfg.train.grad_checkpointing,  # upslope's own per-layer checkpointing
           "share_prompt": learner.share_prompt, "micro_batch_tokens": cfg.train.micro_batch_tokens,
           "threads": __import__("torch").get_num_threads(),
           "mean_prompt_tokens": sum(map(len, trainer.prompt_ids)) / len(trainer.prompt_ids)})
