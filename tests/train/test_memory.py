@@ -14,6 +14,22 @@ from upslope.train.logprobs import token_scores
 from upslope.train.memory import release_freed_memory, use_lean_activations
 
 
+def compare_modules(ref: torch.nn.Module, lean: torch.nn.Module, x: torch.Tensor, autocast: bool,
+                    tol: dict[str, float]) -> None:
+    """Same output bit for bit, and input and parameter gradients within `tol`."""
+    dy = torch.randn(x.shape).to(x.dtype)
+    results = []
+    for module in (ref, lean):
+        xx = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = module(xx)
+        (y.float() * dy.float()).sum().backward()
+        results.append([y.detach(), xx.grad] + [p.grad for p in module.parameters()])
+    assert torch.equal(results[1][0], results[0][0])  # the same forward arithmetic
+    for ours, theirs in zip(results[1][1:], results[0][1:]):
+        torch.testing.assert_close(ours, theirs, **tol)
+
+
 @pytest.mark.parametrize("dtype,autocast", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)],
                          ids=["fp32", "bf16", "autocast"])
 def test_lean_rmsnorm_matches_the_module_in_value_and_gradient(dtype, autocast):
@@ -23,19 +39,8 @@ def test_lean_rmsnorm_matches_the_module_in_value_and_gradient(dtype, autocast):
     lean = LlamaRMSNorm(32, eps=1e-5).to(dtype)
     lean.weight.data = ref.weight.data.clone()
     assert use_lean_activations(lean) == 1
-    x, dy = torch.randn(4, 7, 32).to(dtype) * 3, torch.randn(4, 7, 32).to(dtype)
-    results = []
-    for module in (ref, lean):
-        xx = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = module(xx)
-        (y.float() * dy.float()).sum().backward()
-        results.append((y.detach(), xx.grad, module.weight.grad))
-    (y_ref, dx_ref, dw_ref), (y, dx, dw) = results
-    assert torch.equal(y, y_ref)  # the same forward arithmetic
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(dx, dx_ref, **tol)
-    torch.testing.assert_close(dw, dw_ref, **tol)
+    compare_modules(ref, lean, torch.randn(4, 7, 32).to(dtype) * 3, autocast, tol)
 
 
 @pytest.mark.parametrize("dtype,autocast,bias", [(torch.float32, False, False), (torch.bfloat16, False, False),
@@ -49,18 +54,8 @@ def test_lean_swiglu_matches_the_module_in_value_and_gradient(dtype, autocast, b
     lean = LlamaMLP(cfg).to(dtype)
     lean.load_state_dict(ref.state_dict())
     assert use_lean_activations(lean) == 1
-    x, dy = torch.randn(3, 5, 24).to(dtype), torch.randn(3, 5, 24).to(dtype)
-    results = []
-    for module in (ref, lean):
-        xx = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = module(xx)
-        (y.float() * dy.float()).sum().backward()
-        results.append([y.detach(), xx.grad] + [p.grad for p in module.parameters()])
-    assert torch.equal(results[1][0], results[0][0])
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 and not autocast else dict(rtol=2e-2, atol=2e-2)
-    for ours, theirs in zip(results[1][1:], results[0][1:]):
-        torch.testing.assert_close(ours, theirs, **tol)
+    compare_modules(ref, lean, torch.randn(3, 5, 24).to(dtype), autocast, tol)
 
 
 def test_lean_layers_keep_the_models_log_probs_and_gradients(tiny_model_path):
