@@ -135,8 +135,8 @@ class OptimConfig(Section):
     beta2: float = opt(0.99, "AdamW beta2")
     eps: float = opt(1e-8, "AdamW epsilon")
     state_dtype: Literal["auto", "float32", "bfloat16", "int8"] = opt(
-        "auto", "AdamW moments' dtype (auto: the weights' dtype; int8: block-wise 8-bit; bf16 weights are updated "
-                "with stochastic rounding)")
+        "auto", "AdamW moments' dtype (auto: int8 with bf16 weights, float32 with fp32 weights; int8: block-wise "
+                "8-bit, log scale; bf16 weights are updated with stochastic rounding)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", ge=0)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0)
     schedule: Literal["constant", "cosine", "linear"] = opt("constant", "learning-rate schedule after warmup")

@@ -109,6 +109,8 @@ def test_make_optimizer_picks_the_kernel(weights, state, expected):
     p = torch.nn.Parameter(torch.zeros(3, dtype=weights))
     opt = make_optimizer([p], OptimConfig(state_dtype=state))
     assert type(opt) is expected
+    if weights == torch.bfloat16:  # 8-bit moments by default for bf16 weights
+        assert opt.state_dtype == torch.int8
 
 
 @settings(max_examples=40, deadline=None)

@@ -13,11 +13,12 @@ from upslope.train.adamw import AdamW
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, seed: int = 0) -> torch.optim.Optimizer:
     """AdamW. fp32 weights with fp32 moments: torch's fused kernel (one pass per tensor, no
     parameter-sized temporaries; the multi-tensor `foreach` path allocates several). Otherwise
-    (bf16 weights or bf16 moments) upslope's AdamW: fp32 arithmetic in cache-sized chunks,
-    stochastic rounding for bf16 weights (whose small updates rounding to nearest would drop)."""
+    upslope's AdamW: fp32 arithmetic in cache-sized chunks, stochastic rounding for bf16 weights
+    (whose small updates rounding to nearest would drop), and by default (`auto`) 8-bit moments
+    when the weights are bf16 (6 bytes a parameter in all, with the bf16 gradient)."""
     trainable = [p for p in params if p.requires_grad]
     low = any(p.dtype != torch.float32 for p in trainable)
-    state = cfg.state_dtype if cfg.state_dtype != "auto" else ("bfloat16" if low else "float32")
+    state = cfg.state_dtype if cfg.state_dtype != "auto" else ("int8" if low else "float32")
     kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
     if state == "float32" and not low:
         return torch.optim.AdamW(trainable, fused=True, **kw)
