@@ -167,10 +167,7 @@ class _LinearLogprob(torch.autograd.Function):
                 dw = part if dw is None else dw.add_(part)
             if db is not None:
                 db.add_(grad.sum(0))
-        if need_w and dw is None:  # no rows
-            dw = torch.zeros_like(weight)
-        return (dh, dw.to(weight.dtype) if dw is not None else None, db.to(bias.dtype) if db is not None else None,
-                None, None, None)
+        return dh, dw, db.to(bias.dtype) if db is not None else None, None, None, None  # (h has >= 1 row)
 
 
 def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int, temperature: float,
