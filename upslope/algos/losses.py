@@ -22,7 +22,7 @@ _MAX_LOG_RATIO = 20.0
 
 
 def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, bound: float | None = _MAX_LOG_RATIO) -> Tensor:
-    """logprobs - old_logprobs (old is detached) on mask > 0, 0 elsewhere and for NaN (inf - inf), clamped to +-bound."""
+    """logprobs - old_logprobs (old detached) on mask > 0, 0 elsewhere and for NaN (inf - inf), clamped to +-bound."""
     lr = torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     lr = torch.where(torch.isnan(lr), torch.zeros_like(lr), lr)
     return lr if bound is None else lr.clamp(-bound, bound)
