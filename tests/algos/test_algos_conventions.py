@@ -161,3 +161,16 @@ def test_options_are_declared_on_the_registered_plugins():
         assert {k: opts[k].default for k in want} == want, name
     with pytest.raises(ConfigError, match="singleton"):
         ADVANTAGES.bind("grpo", {"singleton": "verl"}, where="algo.advantage.options")
+
+
+@pytest.mark.parametrize("x", [1e4, -1e4, math.inf, -math.inf])
+def test_the_sampled_distillation_loss_stays_finite_at_extreme_log_ratios(x):
+    from upslope.algos.distill import DistillInputs, sampled_rkl
+
+    lp = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+    teacher = torch.tensor([[-1.0 - x, -0.7]])  # student/teacher log-ratio x on the first token
+    old = torch.tensor([[-1.0 + x, -0.5]])  # and an importance log-ratio -x there
+    loss, _ = sampled_rkl(DistillInputs(lp, teacher, torch.ones(1, 2), old_logprobs=old))
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(lp.grad).all()
+    assert loss[0, 1].item() == pytest.approx(0.2)  # an ordinary token is untouched: k = -0.5 + 0.7, ratio 1

@@ -67,6 +67,12 @@ def group_normalize(values: Tensor, group_ids: Tensor, *, scale_by_std: bool = T
     return out.to(out_dtype)
 
 
+def clamp_log_ratio(log_ratio: Tensor, bound: float | None) -> Tensor:
+    """A log-ratio with NaN (inf - inf) as 0, clamped to +-bound (None: not clamped): never non-finite after exp."""
+    x = torch.where(torch.isnan(log_ratio), torch.zeros_like(log_ratio), log_ratio)
+    return x if bound is None else x.clamp(-bound, bound)
+
+
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of x over positions where mask > 0 (0 when nothing is masked in)."""
     m = (mask > 0).to(x.dtype)

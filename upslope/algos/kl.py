@@ -15,6 +15,7 @@ import math
 import torch
 from torch import Tensor
 
+from upslope.algos.common import clamp_log_ratio
 from upslope.errors import ConfigError
 from upslope.registry import KL_ESTIMATORS
 
@@ -23,9 +24,7 @@ def _log_ratio(logprobs: Tensor, ref_logprobs: Tensor, max_log_ratio: float) -> 
     """x = logprobs - ref_logprobs (ref detached), NaN (inf - inf) as 0, clamped to +-max_log_ratio."""
     if not max_log_ratio > 0:
         raise ConfigError(f"kl max_log_ratio must be > 0 (got {max_log_ratio})")
-    x = logprobs - ref_logprobs.detach()
-    x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
-    return x.clamp(-max_log_ratio, max_log_ratio)
+    return clamp_log_ratio(logprobs - ref_logprobs.detach(), max_log_ratio)
 
 
 @KL_ESTIMATORS.register("k1")

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from upslope.algos.common import masked_mean
+from upslope.algos.common import clamp_log_ratio, masked_mean
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
 
@@ -23,9 +23,7 @@ _MAX_LOG_RATIO = 20.0
 
 def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, bound: float | None = _MAX_LOG_RATIO) -> Tensor:
     """logprobs - old_logprobs (old detached) on mask > 0, 0 elsewhere and for NaN (inf - inf), clamped to +-bound."""
-    lr = torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    lr = torch.where(torch.isnan(lr), torch.zeros_like(lr), lr)
-    return lr if bound is None else lr.clamp(-bound, bound)
+    return clamp_log_ratio(torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)), bound)
 
 
 def _zero_off(x: Tensor, mask: Tensor) -> Tensor:
