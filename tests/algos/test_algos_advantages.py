@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upslope.algos.advantages import dr_grpo, gae, gae_advantages_and_returns, gdpo, grpo, reinforce_pp, rloo
-from upslope.algos.common import group_stats
+from upslope.algos.common import group_moments, group_stats
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -62,10 +62,12 @@ def test_reinforce_pp_hand_example():
     adv = reinforce_pp(b)
     assert torch.allclose(adv[0, 2:4], torch.full((2,), 0.6 / s), atol=1e-5)
     assert torch.allclose(adv[1, 2:5], torch.full((3,), -0.4 / s), atol=1e-5)
-    # group baseline: one group -> +-0.5 on tokens 1,1,0,0,0: mean -0.1, std sqrt(0.24) again
+    # group baseline: one group -> +-0.5 on tokens 1,1,0,0,0: mean -0.1, std sqrt(0.24) again;
+    # the group mean is the baseline, so the batch step divides by the std without re-centring
     b2 = make_batch([[1.0, 0.0]], comp_lens=[2, 3])
     adv2 = reinforce_pp(b2, group_baseline=True)
-    assert torch.allclose(adv2[0, 2:4], torch.full((2,), 0.6 / s), atol=1e-5)
+    assert torch.allclose(adv2[0, 2:4], torch.full((2,), 0.5 / s), atol=1e-5)
+    assert torch.allclose(adv2[1, 2:5], torch.full((3,), -0.5 / s), atol=1e-5)
 
 
 def test_gae_hand_example():
@@ -83,8 +85,9 @@ def test_gae_hand_example():
 def test_gae_skips_untrained_tokens_and_uses_outcome_reward():
     b = make_batch([[1.0]], comp_lens=[3], prompt_lens=[1], loss_masks=[[1, 0, 1]])
     b.values = torch.tensor([[9.0, 0.5, 9.0, 0.7]])  # prompt and tool-token values must not matter
-    adv = gae(b, gamma=1.0, lam=1.0, whiten=False)
+    adv, ret = gae(b, gamma=1.0, lam=1.0, whiten=False)
     assert torch.allclose(adv, torch.tensor([[0.0, 0.5, 0.0, 0.3]]))
+    assert torch.allclose(ret, torch.tensor([[0.0, 1.0, 0.0, 1.0]]))  # returns = adv + values, on trained tokens
     with pytest.raises(ConfigError):
         gae(make_batch([[1.0]], comp_lens=[1]))  # no values
 
@@ -130,6 +133,10 @@ def test_every_estimator_is_zero_off_the_loss_mask(b, seed):
     b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g)}
     for name in ADVANTAGES.names():
         adv = ADVANTAGES.bind(name)(b)
+        if ADVANTAGES.get(name).attrs.get("critic"):
+            adv, ret = adv
+            assert torch.all(ret[b.loss_mask == 0] == 0) and torch.isfinite(ret).all(), name
+        assert adv.dtype == torch.float32, name
         assert adv.shape == b.input_ids.shape
         assert torch.all(adv[b.loss_mask == 0] == 0), name
         assert torch.isfinite(adv).all(), name
@@ -150,19 +157,25 @@ def test_gae_with_unit_gamma_lambda_is_returns_minus_values(b, seed):
     on = b.loss_mask > 0
     assert torch.allclose(ret[on], mc[on], atol=1e-4)
     assert torch.allclose(adv[on], (mc - b.values)[on], atol=1e-4)
-    assert torch.allclose(gae(b, gamma=1.0, lam=1.0, whiten=False), adv)
+    assert torch.allclose(gae(b, gamma=1.0, lam=1.0, whiten=False)[0], adv)
 
 
 @FAST
 @given(batches())
 def test_reinforce_pp_is_whitened_over_valid_tokens(b):
-    adv = reinforce_pp(b, group_baseline=True)
     on = b.loss_mask > 0
-    vals = adv[on]
-    raw = (b.rewards - group_stats(b.rewards, b.group_ids)[0])[:, None].expand_as(adv)[on]
-    if vals.numel() > 1 and raw.std() > 1e-2:  # a (near-)constant input whitens to ~0 by design (eps)
+    ret = b.rewards.double()[:, None].expand(b.input_ids.shape)[on]  # gamma 1, outcome reward: r on every token
+    vals = reinforce_pp(b)[on]
+    if vals.numel() > 1 and ret.std() > 1e-2:  # a (near-)constant input whitens to ~0 by design (eps)
         assert abs(float(vals.mean())) < 1e-4
-        assert abs(float(vals.pow(2).mean().sqrt()) - 1) < 1e-3
+        assert abs(float(vals.std(unbiased=False)) - 1) < 1e-3
+    # with the group baseline: (r - group mean) / batch std, not re-centred; tied groups exactly 0
+    mean, _, _, tied = group_moments(b.rewards, b.group_ids)
+    raw = (b.rewards.double() - mean)[:, None].expand(b.input_ids.shape)[on]
+    vals = reinforce_pp(b, group_baseline=True)[on]
+    if raw.numel() > 1 and raw.std() > 1e-2:
+        assert torch.allclose(vals.double(), raw / (raw.std(unbiased=False) + 1e-6), atol=1e-5)
+    assert torch.all(vals[tied[:, None].expand(b.input_ids.shape)[on]] == 0)
 
 
 @FAST

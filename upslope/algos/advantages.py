@@ -1,16 +1,19 @@
 """Advantage estimators: `fn(batch, *, options) -> Tensor[N, L]`, exactly 0 where loss_mask is 0.
 
-Group-based estimators (grpo, dr_grpo, rloo, gdpo) use `common.group_stats`. The group
-std is the *sample* std (Bessel's n - 1, the same as torch.std, verl and TRL) so
-recipe numbers carry over; a group of one sample gets advantage 0.
+Traits are declared at registration and read by the loop (never by name): `grouped=True`
+estimators compare a prompt's completions (rollout.n >= 2); a `critic=True` estimator
+needs `batch.values` and returns `(advantages [N, L], returns [N, L])`, computed once.
+Group statistics are float64 and a group whose rewards are all equal gets exactly 0
+(`common.group_moments`); conventions (std, eps, singleton groups, returns across masked
+spans) are options, defaults and reasons in docs/methods.md, "Conventions".
 No `from __future__ import annotations` here: the registry validates options against
 real (not string) annotations.
 """
 import torch
 from torch import Tensor
 
-from upslope.algos.common import (broadcast_to_tokens, group_normalize, group_stats, last_token_rewards,
-                                  masked_whiten, reward_to_go)
+from upslope.algos.common import (Singleton, broadcast_to_tokens, group_moments, group_normalize,
+                                  last_token_rewards, masked_whiten, reward_to_go)
 from upslope.algos.combiners import group_normalized_sum
 from upslope.batch import Batch
 from upslope.errors import ConfigError
@@ -18,51 +21,72 @@ from upslope.registry import ADVANTAGES
 
 
 def _rewards(batch: Batch, who: str) -> Tensor:
+    """batch.rewards in float64 (statistics are float64; estimators return float32)."""
     if batch.rewards is None:
         raise ConfigError(f"advantage '{who}' needs batch.rewards (score the batch first)")
-    return batch.rewards.to(torch.float32)
+    return batch.rewards.to(torch.float64)
 
 
-@ADVANTAGES.register("grpo")
-def grpo(batch: Batch, *, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
-    """GRPO: (r - group mean) / (group sample std + eps), broadcast to the sample's tokens."""
-    adv = group_normalize(_rewards(batch, "grpo"), batch.group_ids, scale_by_std=scale_by_std, eps=eps)
-    return broadcast_to_tokens(adv, batch.loss_mask)
+def _tokens(per_sample: Tensor, batch: Batch) -> Tensor:
+    """A float64 per-sample advantage [N] as float32 on the sample's trained tokens [N, L]."""
+    return broadcast_to_tokens(per_sample.to(torch.float32), batch.loss_mask)
 
 
-@ADVANTAGES.register("dr_grpo")
-def dr_grpo(batch: Batch) -> Tensor:
+@ADVANTAGES.register("grpo", grouped=True)
+def grpo(batch: Batch, *, scale_by_std: bool = True, eps: float = 1e-6, unbiased: bool = True,
+         eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
+    """GRPO: (r - group mean) / (group std + eps), broadcast to the sample's tokens; 0 for a tied group."""
+    adv = group_normalize(_rewards(batch, "grpo"), batch.group_ids, scale_by_std=scale_by_std, eps=eps,
+                          unbiased=unbiased, eps_in_sqrt=eps_in_sqrt, singleton=singleton)
+    return _tokens(adv, batch)
+
+
+@ADVANTAGES.register("dr_grpo", grouped=True)
+def dr_grpo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
     """Dr. GRPO: r - group mean (no std division, which biases toward easy/hard prompts)."""
-    adv = group_normalize(_rewards(batch, "dr_grpo"), batch.group_ids, scale_by_std=False)
-    return broadcast_to_tokens(adv, batch.loss_mask)
+    adv = group_normalize(_rewards(batch, "dr_grpo"), batch.group_ids, scale_by_std=False, singleton=singleton)
+    return _tokens(adv, batch)
 
 
-@ADVANTAGES.register("rloo")
-def rloo(batch: Batch) -> Tensor:
-    """RLOO: r_i - mean of the other samples of its group (unbiased baseline); 0 for singleton groups."""
+@ADVANTAGES.register("rloo", grouped=True)
+def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
+    """RLOO: r_i - mean of the other samples of its group (unbiased baseline); 0 for a tied group."""
     r = _rewards(batch, "rloo")
-    mean, _, count = group_stats(r, batch.group_ids)
+    mean, _, count, tied = group_moments(r, batch.group_ids)
     others = (mean * count - r) / (count - 1).clamp(min=1)
-    adv = torch.where(count > 1, r - others, torch.zeros_like(r))
-    return broadcast_to_tokens(adv, batch.loss_mask)
+    adv = torch.where(tied, torch.zeros_like(r), r - others)
+    if singleton == "raw":
+        adv = torch.where(count == 1, r, adv)
+    return _tokens(adv, batch)
 
 
 @ADVANTAGES.register("reinforce_pp")
-def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6) -> Tensor:
+def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6,
+                 unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
+                 singleton: Singleton = "zero") -> Tensor:
     """REINFORCE++: reward-to-go (minus the group mean reward if group_baseline), whitened over all batch tokens.
 
     The per-token return is the discounted reward-to-go of `batch.token_rewards` (e.g. with
     a KL penalty folded in), or of the outcome reward on the last token if that is None,
-    which with gamma = 1 is r on every token. `group_baseline=True` is "REINFORCE++-baseline".
+    which with gamma = 1 is r on every token. `group_baseline=True` is "REINFORCE++-baseline":
+    the group mean is the baseline, so the batch step only divides by the batch std (no
+    re-centring, which would move a tied group off 0; verl re-centres) and a tied group is
+    exactly 0; a singleton group's baseline is its own reward (`"zero"`) or 0 (`"raw"`, verl).
+    The return is carried across mask-0 spans inside a row unless `reset_at_masked` (verl).
     """
     r = _rewards(batch, "reinforce_pp")
     mask = batch.loss_mask
     tok = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(r, mask)
-    ret = reward_to_go(tok.to(torch.float32), mask, gamma)
-    if group_baseline:
-        mean, _, _ = group_stats(r, batch.group_ids)
-        ret = ret - mean[:, None]
-    return masked_whiten(ret, mask, eps=eps)
+    ret = reward_to_go(tok.to(torch.float64), mask, gamma, reset_at_masked=reset_at_masked)
+    if not group_baseline:
+        return masked_whiten(ret, mask, eps=eps, unbiased=unbiased, eps_in_sqrt=eps_in_sqrt).float()
+    mean, _, count, tied = group_moments(r, batch.group_ids)
+    if singleton == "raw":
+        mean = torch.where(count == 1, torch.zeros_like(mean), mean)
+        tied = tied & (count > 1)
+    adv = masked_whiten(ret - mean[:, None], mask, eps=eps, shift_mean=False, unbiased=unbiased,
+                        eps_in_sqrt=eps_in_sqrt)
+    return torch.where(tied[:, None], torch.zeros_like(adv), adv).float()
 
 
 def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
@@ -91,32 +115,45 @@ def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tens
     return adv, returns
 
 
-@ADVANTAGES.register("gae")
-def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6) -> Tensor:
-    """PPO with a critic: GAE(gamma, lam) from batch.values and token rewards (outcome on the last token if None).
+@ADVANTAGES.register("gae", critic=True)
+def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6,
+        unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
+    """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.
 
-    Returns only advantages; the learner sets `batch.returns` with `gae_advantages_and_returns`
-    (returns are computed from the un-whitened advantages).
+    Token rewards default to the outcome reward on the last trained token. Returns are
+    advantages + values from the un-whitened advantages (the critic's regression target);
+    the advantages are then whitened over the batch's trained tokens if `whiten`.
     """
     if batch.values is None:
         raise ConfigError("advantage 'gae' needs batch.values (run the critic first)")
     mask = batch.loss_mask
     tok = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(_rewards(batch, "gae"), mask)
-    adv, _ = gae_advantages_and_returns(tok, batch.values, mask, gamma, lam)
-    return masked_whiten(adv, mask, eps=eps) if whiten else adv
+    adv, returns = gae_advantages_and_returns(tok, batch.values, mask, gamma, lam)
+    if whiten:
+        adv = masked_whiten(adv, mask, eps=eps, unbiased=unbiased, eps_in_sqrt=eps_in_sqrt)
+    return adv.float(), returns.float()
 
 
-@ADVANTAGES.register("gdpo")
+@ADVANTAGES.register("gdpo", grouped=True)
 def gdpo(batch: Batch, *, weights: dict[str, float] | None = None, batch_normalize: bool = True,
-         eps: float = 1e-6) -> Tensor:
+         eps: float = 1e-6, unbiased: bool = True, batch_unbiased: bool = False, eps_in_sqrt: bool = False,
+         singleton: Singleton = "zero") -> Tensor:
     """GDPO: normalise each reward component within its group, weighted-sum, then (optionally) normalise over the batch.
 
     Decoupling stops a high-variance component from drowning the others. Batch
-    normalisation uses the population mean/std over the N samples (not tokens).
+    normalisation uses the mean/std (population unless `batch_unbiased`) over the N samples
+    (not tokens); a group tied on every component stays at exactly 0 through it.
     """
     if not batch.reward_components:
         raise ConfigError("advantage 'gdpo' needs batch.reward_components (several named rewards)")
-    adv = group_normalized_sum(batch.reward_components, batch.group_ids, weights=weights, eps=eps)
+    comps = {k: v.to(torch.float64) for k, v in batch.reward_components.items()}
+    adv = group_normalized_sum(comps, batch.group_ids, weights=weights, eps=eps, unbiased=unbiased,
+                               eps_in_sqrt=eps_in_sqrt, singleton=singleton)
     if batch_normalize and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std(unbiased=False) + eps)
-    return broadcast_to_tokens(adv, batch.loss_mask)
+        tied = torch.stack([group_moments(v, batch.group_ids)[3] for v in comps.values()]).all(dim=0)
+        if singleton == "raw":
+            tied &= group_moments(adv, batch.group_ids)[2] > 1
+        ones = torch.ones_like(adv)
+        adv = masked_whiten(adv, ones, eps=eps, unbiased=batch_unbiased, eps_in_sqrt=eps_in_sqrt)
+        adv = torch.where(tied, torch.zeros_like(adv), adv)
+    return _tokens(adv, batch)

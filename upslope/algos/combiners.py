@@ -2,7 +2,7 @@
 import torch
 from torch import Tensor
 
-from upslope.algos.common import group_normalize
+from upslope.algos.common import Singleton, group_normalize
 from upslope.errors import ConfigError
 from upslope.registry import REWARD_COMBINERS
 
@@ -28,7 +28,15 @@ def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *,
 
 @REWARD_COMBINERS.register("group_normalized_sum")
 def group_normalized_sum(components: dict[str, Tensor], group_ids: Tensor, *,
-                         weights: dict[str, float] | None = None, eps: float = 1e-6) -> Tensor:
-    """GDPO-style: sum_k w_k * (r_k - group mean) / (group sample std + eps), so no component dominates by scale."""
+                         weights: dict[str, float] | None = None, eps: float = 1e-6, unbiased: bool = True,
+                         eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
+    """GDPO-style: sum_k w_k * (r_k - group mean) / (group std + eps), so no component dominates by scale.
+
+    Float64 inside; the result has the components' float dtype (float32 at least). A
+    component tied within a group adds exactly 0 there.
+    """
     w = _weights(components, weights)
-    return sum(w[k] * group_normalize(components[k].to(torch.float32), group_ids, eps=eps) for k in components)
+    dtype = torch.promote_types(next(iter(components.values())).dtype, torch.float32)
+    total = sum(w[k] * group_normalize(components[k].to(torch.float64), group_ids, eps=eps, unbiased=unbiased,
+                                       eps_in_sqrt=eps_in_sqrt, singleton=singleton) for k in components)
+    return total.to(dtype)

@@ -3,34 +3,46 @@
 With log-ratio x = logprobs - ref_logprobs (tokens sampled from pi):
 k1 = x (unbiased, high variance, can be negative); k2 = x^2 / 2 (biased, low variance;
 its gradient is the true KL gradient on-policy); k3 = exp(-x) + x - 1 (unbiased, >= 0,
-low variance; Schulman's estimator, "low_var_kl"). Signature: `fn(logprobs, ref_logprobs) -> [N, L]`;
-mask the result (e.g. with `aggregate`) before use.
+low variance; Schulman's estimator, "low_var_kl"). Signature: `fn(logprobs, ref_logprobs, *,
+max_log_ratio) -> [N, L]`; mask the result (e.g. with `aggregate`) before use.
+Every estimator clamps x to +-max_log_ratio (default 20, the policy losses' bound; verl
+clamps k3's x at +-20 as well) and counts inf - inf as 0, so an extreme or infinite
+log-ratio never yields a non-finite value or gradient (k3 = e^20 ~ 4.9e8 at the bound;
+without it k3 overflows to inf past x ~ -88 in float32). Beyond the bound the gradient is 0.
 """
 import math
 
 import torch
 from torch import Tensor
 
+from upslope.algos.common import clamp_log_ratio
 from upslope.errors import ConfigError
 from upslope.registry import KL_ESTIMATORS
 
 
+def _log_ratio(logprobs: Tensor, ref_logprobs: Tensor, max_log_ratio: float) -> Tensor:
+    """x = logprobs - ref_logprobs (ref detached), NaN (inf - inf) as 0, clamped to +-max_log_ratio."""
+    if not max_log_ratio > 0:
+        raise ConfigError(f"kl max_log_ratio must be > 0 (got {max_log_ratio})")
+    return clamp_log_ratio(logprobs - ref_logprobs.detach(), max_log_ratio)
+
+
 @KL_ESTIMATORS.register("k1")
-def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k1(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
     """k1 = log pi - log ref: unbiased KL estimate, high variance, may be negative."""
-    return logprobs - ref_logprobs.detach()
+    return _log_ratio(logprobs, ref_logprobs, max_log_ratio)
 
 
 @KL_ESTIMATORS.register("k2")
-def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k2(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
     """k2 = (log pi - log ref)^2 / 2: low variance, slightly biased, non-negative."""
-    return 0.5 * (logprobs - ref_logprobs.detach()) ** 2
+    return 0.5 * _log_ratio(logprobs, ref_logprobs, max_log_ratio) ** 2
 
 
 @KL_ESTIMATORS.register("k3")
-def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k3(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
     """k3 = exp(ref - lp) - (ref - lp) - 1: unbiased, low variance, always >= 0."""
-    d = ref_logprobs.detach() - logprobs
+    d = -_log_ratio(logprobs, ref_logprobs, max_log_ratio)
     return (torch.expm1(d) - d).clamp(min=0)  # clamp: guard a rounding step below 0 at tiny d
 
 

@@ -3,24 +3,27 @@
 The per-token loss is to be *minimised*, is exactly 0 where mask is 0 (padding can hold
 any finite or infinite log-prob without leaking into value or gradient), and is reduced
 to a scalar by `upslope.algos.aggregate.aggregate`. Metrics are detached scalar tensors.
-Log-ratios are clamped to +-20 before exp so a stray token cannot overflow to inf.
+Log-ratios are clamped to +-20 before exp so a stray token cannot overflow to inf (and a
+log-ratio of inf - inf counts as 0), so no non-finite value leaves a loss; GSPO's option
+`clamp` chooses where its clamp applies.
 A loss registered with `zero_at_zero_advantage=True` is exactly 0, with 0 gradient, on a
 row whose advantage is 0 everywhere: the learner then skips such rows (train.skip_zero_advantage).
 """
+from typing import Literal
+
 import torch
 from torch import Tensor
 
-from upslope.algos.common import masked_mean
+from upslope.algos.common import clamp_log_ratio, masked_mean
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
 
 _MAX_LOG_RATIO = 20.0
 
 
-def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """logprobs - old_logprobs (old is detached) on mask > 0, 0 elsewhere, clamped to +-20."""
-    lr = torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    return lr.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, bound: float | None = _MAX_LOG_RATIO) -> Tensor:
+    """logprobs - old_logprobs (old detached) on mask > 0, 0 elsewhere and for NaN (inf - inf), clamped to +-bound."""
+    return clamp_log_ratio(torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)), bound)
 
 
 def _zero_off(x: Tensor, mask: Tensor) -> Tensor:
@@ -66,16 +69,25 @@ def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
 
 @POLICY_LOSSES.register("gspo", zero_at_zero_advantage=True)
 def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
-         eps_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
+         eps_high: float = 4e-4,
+         clamp: Literal["sequence", "token", "none"] = "sequence") -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: sequence ratio exp(mean token log-ratio), clipped per sequence, token-level sg form (GSPO-token).
 
     s_{i,t} = sg[s_i] * exp(lp_t - sg[lp_t]): its value is s_i on every token, its gradient
     wrt lp_t is s_i. Aggregated with `seq_mean_token_mean` this is exactly GSPO's gradient.
+    `clamp`: "sequence" (default, as verl) clamps only the sequence log-ratio at +-20, so the
+    ratio is the paper's whenever it is representable and still cannot overflow; "token"
+    clamps each token's log-ratio first (changes s_i whenever one token is beyond 20);
+    "none" is the paper's formula unguarded (inf once the mean log-ratio passes ~88).
     """
     _check_eps(eps_low, eps_high)
-    lr = _log_ratio(logprobs, old_logprobs, mask)
+    if clamp not in ("sequence", "token", "none"):
+        raise ConfigError(f"gspo clamp must be sequence, token or none (got {clamp!r})")
+    lr = _log_ratio(logprobs, old_logprobs, mask, _MAX_LOG_RATIO if clamp == "token" else None)
     n = (mask > 0).sum(dim=1, keepdim=True).clamp(min=1)
     seq_lr = lr.detach().sum(dim=1, keepdim=True) / n
+    if clamp == "sequence":
+        seq_lr = seq_lr.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     lp = _zero_off(logprobs, mask)
     ratio = torch.exp(seq_lr + lp - lp.detach())
     return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, None)

@@ -34,9 +34,6 @@ from upslope.train import stages
 from upslope.train.learner import Learner, default_device
 from upslope.train.memory import release_freed_memory
 
-GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
-
-
 def seed_step(seed: int, step: int) -> int:
     """Seed every RNG from (seed, step), so a resumed run repeats the same randomness."""
     s = (seed * 1_000_003 + step * 7_919) % (2**31)
@@ -47,7 +44,7 @@ def seed_step(seed: int, step: int) -> int:
 
 
 def check_config(cfg: Config) -> None:
-    if cfg.algo.advantage.name in GROUP_ADVANTAGES and cfg.rollout.n < 2:
+    if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
     if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
@@ -228,7 +225,7 @@ class Trainer(BaseTrainer):
         self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
                         for i, f in enumerate(cfg.algo.filters)]
         self.critic = None
-        if cfg.algo.advantage.name == "gae":  # PPO: a value model, only when the advantage needs one
+        if ADVANTAGES.get(cfg.algo.advantage.name).attrs.get("critic"):  # PPO: a value model, only when needed
             from upslope.train.critic import Critic
 
             self.critic = Critic(cfg, self.runtime.model_path, self.device)
@@ -300,7 +297,7 @@ class Trainer(BaseTrainer):
                 batch.old_logprobs = learner.logprobs(batch)
                 batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
         if self.critic is not None:
-            batch = stages.values_and_returns(batch, self.critic.values(batch), **algo.advantage.options)
+            batch = stages.values_and_returns(batch, self.critic.values(batch))
         batch = stages.advantage(batch, self.advantage_fn)
         metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
         return batch

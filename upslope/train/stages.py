@@ -78,21 +78,18 @@ def mask_truncated(batch: Batch) -> Batch:
     return batch
 
 
-def values_and_returns(batch: Batch, values: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95,
-                       **_: Any) -> Batch:
-    """Critic values and GAE returns (from un-whitened advantages) for PPO's value loss."""
-    from upslope.algos.advantages import gae_advantages_and_returns
-    from upslope.algos.common import last_token_rewards
-
+def values_and_returns(batch: Batch, values: torch.Tensor) -> Batch:
+    """Store the critic's values; the `critic=True` advantage then returns (advantages, returns) once."""
     batch.values = values
-    tok = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
-                                                                                         batch.loss_mask)
-    _, batch.returns = gae_advantages_and_returns(tok, values, batch.loss_mask, gamma, lam)
     return batch
 
 
-def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
-    batch.advantages = fn(batch).float() * batch.loss_mask
+def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]) -> Batch:
+    """Set batch.advantages (0 off the loss mask); a `critic=True` estimator's (advantages, returns) sets both."""
+    out = fn(batch)
+    if isinstance(out, tuple):
+        out, batch.returns = out
+    batch.advantages = out.float() * batch.loss_mask
     return batch
 
 

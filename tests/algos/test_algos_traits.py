@@ -1,0 +1,49 @@
+"""Traits declared at registration (grouped, critic) and how the loop and the stages read them:
+no advantage name is checked anywhere outside the registry."""
+import pytest
+import torch
+from algos_strategies import make_batch
+
+from upslope.algos.advantages import gae_advantages_and_returns
+from upslope.algos.common import last_token_rewards
+from upslope.config import load_config
+from upslope.errors import ConfigError
+from upslope.registry import ADVANTAGES
+from upslope.train import stages
+from upslope.train.loop import check_config
+
+
+def test_advantage_traits_are_declared_at_registration():
+    grouped = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("grouped")}
+    critic = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("critic")}
+    assert grouped >= {"grpo", "dr_grpo", "rloo", "gdpo"} and "reinforce_pp" not in grouped
+    assert critic >= {"gae"} and not critic & grouped
+
+
+def test_the_loop_reads_the_grouped_trait():
+    with pytest.raises(ConfigError, match="rollout.n >= 2"):
+        check_config(load_config(None, ["rollout.n=1", "algo.advantage.name=rloo"]))
+    check_config(load_config(None, ["rollout.n=1", "algo.advantage.name=reinforce_pp"]))  # not grouped: fine
+    # a plugin registered by a user with the trait gets the same check, by trait, not by name
+    ADVANTAGES.register("test_traits_grouped", grouped=True)(ADVANTAGES.get("dr_grpo").fn)
+    try:
+        with pytest.raises(ConfigError, match="test_traits_grouped"):
+            check_config(load_config(None, ["rollout.n=1", "algo.advantage.name=test_traits_grouped"]))
+    finally:
+        ADVANTAGES._entries.pop("test_traits_grouped")
+
+
+def test_a_critic_advantage_sets_advantages_and_returns_once():
+    b = make_batch([[1.0], [0.0]], comp_lens=[3, 2], prompt_lens=[1, 2])
+    g = torch.Generator().manual_seed(0)
+    b = stages.values_and_returns(b, torch.randn(b.input_ids.shape, generator=g))
+    assert b.returns is None  # storing the critic's values computes nothing else
+    b = stages.advantage(b, ADVANTAGES.bind("gae", {"gamma": 0.9, "lam": 0.8, "whiten": False}))
+    adv, ret = gae_advantages_and_returns(last_token_rewards(b.rewards, b.loss_mask), b.values, b.loss_mask,
+                                          0.9, 0.8)
+    assert torch.equal(b.advantages, adv) and torch.equal(b.returns, ret)
+    assert torch.all(b.returns[b.loss_mask == 0] == 0) and bool((b.returns != 0).any())
+    # a plain estimator leaves returns alone
+    b.returns = None
+    b = stages.advantage(b, ADVANTAGES.bind("grpo"))
+    assert b.returns is None and b.advantages.dtype == torch.float32
