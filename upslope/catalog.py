@@ -71,6 +71,14 @@ def kinds(kind: str | None = None) -> list[str]:
     return [kind]
 
 
+def builtin_kinds() -> list[str]:
+    """The kinds upslope itself defines (registries created elsewhere, e.g. by a user, excluded)."""
+    from upslope import registry
+
+    load_builtins()
+    return sorted(r.kind for r in vars(registry).values() if isinstance(r, registry.Registry))
+
+
 def plugins_text(kind: str | None = None) -> str:
     """The `upslope plugins [KIND]` listing: every plugin, its help, traits and options."""
     lines = []
@@ -78,7 +86,7 @@ def plugins_text(kind: str | None = None) -> str:
         entries = REGISTRIES[k].entries()
         lines.append(f"{k} ({len(entries)})")
         for e in entries:
-            user = "" if e.module.startswith("upslope.") else f"  [{e.module}]"
+            user = "" if e.module.startswith("upslope.") else f" [{e.module}]"
             lines.append(f"  {e.name}: {e.doc or '(no docstring)'}{user}")
             if e.attrs:
                 lines.append(f"      traits: {traits_of(e)}")
@@ -97,9 +105,13 @@ def plugins_markdown() -> str:
     out = ["# Plugins", "", f"Generated from the registries by `{REGENERATE}`; do not edit by hand.",
            "`upslope plugins [KIND]` prints the same, user plugins (`plugins=[...]`) included.",
            "An option's help comes from a `name: help` line in the plugin's docstring.", ""]
-    for k in kinds():
+    for k in builtin_kinds():
         entries = [e for e in REGISTRIES[k].entries() if e.module.startswith("upslope.")]
-        out += [f"## {k}", "", "| name | what | options (type = default) | traits |", "|---|---|---|---|"]
+        out += [f"## {k}", ""]
+        if not entries:
+            out += ["(no built-in plugin yet)", ""]
+            continue
+        out += ["| name | what | options (type = default) | traits |", "|---|---|---|---|"]
         for e in entries:
             opts = "<br>".join(f"`{o.name}`: {o.type} = {o.default}" + (f" ({o.help})" if o.help else "")
                                for o in options_of(e)) or "-"

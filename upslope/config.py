@@ -326,6 +326,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)
+    if isinstance(raw.get("plugins"), list):  # command-line plugin files: relative to the working directory
+        raw["plugins"] = _absolute_plugin_files(raw["plugins"], Path.cwd())
     return validate(raw, source=str(path) if path else "config")
 
 
@@ -391,10 +393,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of options at the top level")
     if isinstance(data.get("plugins"), list):  # plugin files are relative to the recipe naming them
-        from upslope.plugins import is_file_entry
-
-        data["plugins"] = [str((path.parent / p).resolve()) if isinstance(p, str) and is_file_entry(p) else p
-                           for p in data["plugins"]]
+        data["plugins"] = _absolute_plugin_files(data["plugins"], path.parent)
     base = data.pop("base", None)
     if base:
         base_path = (path.parent / base).resolve()
@@ -402,6 +401,13 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
             raise ConfigError(f"{path}: 'base' chain loops back to {base_path}")
         data = _merge(_read_yaml(base_path, seen + (path.resolve(),)), data)
     return data
+
+
+def _absolute_plugin_files(entries: list[Any], base: Path) -> list[Any]:
+    """`plugins` with each .py file made absolute against `base` (the saved config then works anywhere)."""
+    from upslope.plugins import is_file_entry
+
+    return [str((base / p).expanduser().resolve()) if isinstance(p, str) and is_file_entry(p) else p for p in entries]
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
