@@ -185,6 +185,21 @@ def test_a_user_sampler_is_chosen_by_data_sampler_with_its_options(tmp_path):
     assert SAMPLERS.get(name).option_help() == {"step": "distance between consecutive prompts"}
 
 
+def test_auto_takes_the_available_engine_with_the_lowest_rank():
+    from upslope.registry import Entry
+    from upslope.rollout.engines import auto_engine
+    from upslope.rollout.hf import build_hf
+
+    entries = [Entry("fast", build_hf, "", {"auto_rank": 0, "requires": "no_such_engine_module_xyz"}),
+               Entry("plain", build_hf, "", {"auto_rank": 2}), Entry("manual", build_hf, "", {}),
+               Entry("second", build_hf, "", {"auto_rank": 1, "requires": "torch"})]
+    assert auto_engine(entries) == "second"
+    assert auto_engine(entries[1:3]) == "plain"
+    with pytest.raises(ConfigError, match=r"^engine.name=auto: no rollout engine is available \(auto picks among "
+                                          r"fast\)$"):
+        auto_engine(entries[:1] + entries[2:3])
+
+
 def test_auto_resolves_through_the_registry():
     cfg = load_config(None, ["engine.name=auto"])
     expected = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"

@@ -36,16 +36,20 @@ def is_available(entry: Entry[Any]) -> bool:
     return need is None or importlib.util.find_spec(need) is not None
 
 
+def auto_engine(entries: list[Entry[Any]]) -> str:
+    """The available engine with the lowest `auto_rank` among `entries` (those without one are skipped)."""
+    ranked = sorted((e for e in entries if e.attrs.get("auto_rank") is not None), key=lambda e: e.attrs["auto_rank"])
+    for entry in ranked:
+        if is_available(entry):
+            return entry.name
+    raise ConfigError("engine.name=auto: no rollout engine is available "
+                      f"(auto picks among {', '.join(e.name for e in ranked) or 'none'})")
+
+
 def engine_name(cfg: EngineConfig) -> str:
     """The registered engine `engine.name` selects (auto: the available one with the lowest auto_rank)."""
     if cfg.name == "auto":
-        ranked = sorted((e for e in ENGINES.entries() if e.attrs.get("auto_rank") is not None),
-                        key=lambda e: e.attrs["auto_rank"])
-        for entry in ranked:
-            if is_available(entry):
-                return entry.name
-        raise ConfigError("engine.name=auto: no rollout engine is available "
-                          f"(auto picks among {', '.join(e.name for e in ranked) or 'none'})")
+        return auto_engine(ENGINES.entries())
     entry = ENGINES.get(cfg.name, "engine.name")
     if not is_available(entry):
         hint = entry.attrs.get("install")
