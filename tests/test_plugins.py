@@ -269,3 +269,21 @@ def test_upslope_plugins_rejects_an_unknown_kind_in_one_line(capsys):
     assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
                            "distill_loss, engine, filter, kl, policy_loss, preference_loss, reward, reward_combiner, ")
     assert "\n" not in line and ", sampler, task" in line
+
+
+def test_help_is_the_first_paragraph_and_option_lines_come_after_it():
+    from upslope.registry import Entry
+
+    def plugin(batch, *, strict: bool = True, eps: float = 1e-6, other: int = 0):
+        """Compare the answer. strict: the extraction alone
+        decides (this is prose in the summary, not an option's help).
+
+        strict: only the extracted answer counts
+          eps:   tolerance of the comparison
+        unknown: a line naming no option is ignored
+        """
+
+    entry = Entry("p", plugin, "", {})
+    assert entry.summary() == ("Compare the answer. strict: the extraction alone decides (this is prose in the "
+                               "summary, not an option's help).")
+    assert entry.option_help() == {"strict": "only the extracted answer counts", "eps": "tolerance of the comparison"}

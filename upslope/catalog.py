@@ -7,6 +7,7 @@ Regenerate the docs after changing a plugin or an option: `python -m upslope.cat
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ def options_of(entry: Entry[Any]) -> list[OptionInfo]:
     for name, p in entry.options().items():
         ann = p.annotation
         kind = "any" if ann is inspect.Parameter.empty else ann if isinstance(ann, str) else type_name(ann)
-        default = "required" if p.default is inspect.Parameter.empty else repr(p.default)
+        default = "required" if p.default is inspect.Parameter.empty else repr(_portable(p.default))
         out.append(OptionInfo(name, kind, default, helps.get(name, "")))
     return out
 
@@ -51,6 +52,15 @@ def type_name(ann: Any) -> str:
                  for b in _BOUNDS if getattr(m, b, None) is not None]
         return type_name(base) + (f" ({', '.join(marks)})" if marks else "")
     return inspect.formatannotation(ann).replace("typing.", "")
+
+
+def _portable(value: Any) -> Any:
+    """A default that is a path inside the checkout's parent (e.g. ../shared/data) shown relative to the
+    checkout, so the generated docs are the same in every clone."""
+    root = Path(__file__).resolve().parents[1]
+    if isinstance(value, str) and value.startswith(str(root.parent) + os.sep):
+        return os.path.relpath(value, root)
+    return value
 
 
 def traits_of(entry: Entry[Any]) -> str:
@@ -87,7 +97,7 @@ def plugins_text(kind: str | None = None) -> str:
         lines.append(f"{k} ({len(entries)})")
         for e in entries:
             user = "" if e.module.startswith("upslope.") else f" [{e.module}]"
-            lines.append(f"  {e.name}: {e.doc or '(no docstring)'}{user}")
+            lines.append(f"  {e.name}: {e.summary() or '(no docstring)'}{user}")
             if e.attrs:
                 lines.append(f"      traits: {traits_of(e)}")
             for o in options_of(e):
@@ -115,7 +125,7 @@ def plugins_markdown() -> str:
         for e in entries:
             opts = "<br>".join(f"`{o.name}`: {o.type} = {o.default}" + (f" ({o.help})" if o.help else "")
                                for o in options_of(e)) or "-"
-            out.append(f"| `{e.name}` | {_cell(e.doc)} | {_cell(opts)} | {_cell(traits_of(e)) or '-'} |")
+            out.append(f"| `{e.name}` | {_cell(e.summary())} | {_cell(opts)} | {_cell(traits_of(e)) or '-'} |")
         out.append("")
     return "\n".join(out)
 

@@ -41,9 +41,14 @@ class Entry(Generic[F]):
             sig = inspect.signature(self.fn)
         return {n: p for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
+    def summary(self) -> str:
+        """The docstring's first paragraph on one line (read now: a factory may set __doc__ after registering)."""
+        head, _, _ = (inspect.getdoc(self.fn) or "").partition("\n\n")
+        return " ".join(head.split())
+
     def option_help(self) -> dict[str, str]:
-        """Help of each option from the docstring's `name: help` lines (the documented convention)."""
-        body = (inspect.getdoc(self.fn) or "").split("\n")[1:]
+        """Help of each option from `name: help` lines after the docstring's first paragraph (the convention)."""
+        body = (inspect.getdoc(self.fn) or "").partition("\n\n")[2].split("\n")
         names = self.options()
         found = (_OPTION_LINE.match(line) for line in body)
         return {m["name"]: m["help"].strip() for m in found if m and m["name"] in names}
