@@ -287,3 +287,11 @@ def test_help_is_the_first_paragraph_and_option_lines_come_after_it():
     assert entry.summary() == ("Compare the answer. strict: the extraction alone decides (this is prose in the "
                                "summary, not an option's help).")
     assert entry.option_help() == {"strict": "only the extracted answer counts", "eps": "tolerance of the comparison"}
+
+
+def test_one_file_imported_as_a_module_and_by_path_registers_once(tmp_path, monkeypatch):
+    name, pkg = unique("adv"), unique("both")
+    path = advantage_plugin(tmp_path / f"{pkg}.py", name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, [f"plugins=[{pkg}, {path}]", f"algo.advantage.name={name}"])
+    assert cfg.algo.advantage.name == name and ADVANTAGES.get(name).module == pkg  # the first import's entry

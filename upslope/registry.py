@@ -57,6 +57,14 @@ class Entry(Generic[F]):
 _OPTION_LINE = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*):\s+(?P<help>\S.*)$")
 
 
+def _same_definition(a: Any, b: Any) -> bool:
+    """The same source definition imported twice (a file loaded by path and as a module, say)."""
+    try:
+        return a.__qualname__ == b.__qualname__ and inspect.getsourcefile(a) == inspect.getsourcefile(b) is not None
+    except (AttributeError, TypeError):
+        return False
+
+
 class DuplicateNameError(ConfigError, ValueError):
     """Two plugins claim one name in one registry (a user module reusing a built-in name, say)."""
 
@@ -78,6 +86,8 @@ class Registry(Generic[F]):
         def deco(fn: F) -> F:
             old = self._entries.get(name)
             if old is not None and old.fn is not fn:
+                if _same_definition(old.fn, fn):  # the first import's entry stays
+                    return fn
                 raise DuplicateNameError(f"{self.kind} '{name}' is registered twice (by {old.module} and by "
                                          f"{getattr(fn, '__module__', '?')}); pick another name")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
