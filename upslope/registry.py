@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
@@ -27,6 +28,11 @@ class Entry(Generic[F]):
     doc: str
     attrs: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def module(self) -> str:
+        """The module that registered the plugin (where a user finds its code)."""
+        return getattr(self.fn, "__module__", "?")
+
     def options(self) -> dict[str, inspect.Parameter]:
         """Keyword-only parameters of the plugin: its configurable options."""
         try:  # evaluate string annotations (`from __future__ import annotations`) so bind can check types
@@ -35,6 +41,36 @@ class Entry(Generic[F]):
             sig = inspect.signature(self.fn)
         return {n: p for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
+    def summary(self) -> str:
+        """The docstring's first paragraph on one line (read now: a factory may set __doc__ after registering)."""
+        head, _, _ = (inspect.getdoc(self.fn) or "").partition("\n\n")
+        return " ".join(head.split())
+
+    def option_help(self) -> dict[str, str]:
+        """Help of each option from `name: help` lines after the docstring's first paragraph (the convention)."""
+        body = (inspect.getdoc(self.fn) or "").partition("\n\n")[2].split("\n")
+        names = self.options()
+        found = (_OPTION_LINE.match(line) for line in body)
+        return {m["name"]: m["help"].strip() for m in found if m and m["name"] in names}
+
+
+_OPTION_LINE = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*):\s+(?P<help>\S.*)$")
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """The same source definition imported twice (a file loaded by path and as a module, say)."""
+    try:
+        return a.__qualname__ == b.__qualname__ and inspect.getsourcefile(a) == inspect.getsourcefile(b) is not None
+    except (AttributeError, TypeError):
+        return False
+
+
+class DuplicateNameError(ConfigError, ValueError):
+    """Two plugins claim one name in one registry (a user module reusing a built-in name, say)."""
+
+
+REGISTRIES: dict[str, "Registry[Any]"] = {}
+
 
 class Registry(Generic[F]):
     """A named table of plugins for one extension point."""
@@ -42,13 +78,18 @@ class Registry(Generic[F]):
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Entry[F]] = {}
+        REGISTRIES.setdefault(kind, self)
 
     def register(self, name: str, **attrs: Any) -> Callable[[F], F]:
         """Decorator: `@ADVANTAGES.register("grpo")`. `attrs` are free-form flags (e.g. batched=True)."""
 
         def deco(fn: F) -> F:
-            if name in self._entries and self._entries[name].fn is not fn:
-                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            old = self._entries.get(name)
+            if old is not None and old.fn is not fn:
+                if _same_definition(old.fn, fn):  # the first import's entry stays
+                    return fn
+                raise DuplicateNameError(f"{self.kind} '{name}' is registered twice (by {old.module} and by "
+                                         f"{getattr(fn, '__module__', '?')}); pick another name")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
             self._entries[name] = Entry(name, fn, doc, dict(attrs))
             return fn
@@ -56,7 +97,13 @@ class Registry(Generic[F]):
         return deco
 
     def names(self) -> list[str]:
+        """Names registered so far (call `load_builtins()` first for the complete list)."""
         return sorted(self._entries)
+
+    def entries(self) -> list[Entry[F]]:
+        """Every entry, built-ins included, sorted by name."""
+        load_builtins()
+        return [self._entries[n] for n in self.names()]
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -64,7 +111,7 @@ class Registry(Generic[F]):
     def get(self, name: str, where: str | None = None) -> Entry[F]:
         """The entry called `name`; an unknown name is a ConfigError naming the closest entries."""
         if name not in self._entries:
-            _load_builtin_plugins()
+            load_builtins()
         if name not in self._entries:
             near = difflib.get_close_matches(name, self.names(), n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
@@ -97,9 +144,14 @@ class Registry(Generic[F]):
 
 
 _BUILTINS_LOADED = False
+# Imported by name when a registry is first asked for a plugin it lacks. They register into
+# the registries, so they import this module; none may import upslope.config at load time
+# (config consults the registries: tests/test_import_graph.py checks both).
+BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
+                   "upslope.rollout.hf", "upslope.rollout.vllm")
 
 
-def _load_builtin_plugins() -> None:
+def load_builtins() -> None:
     """Import the modules that register the built-in plugins (once, lazily)."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
@@ -107,7 +159,7 @@ def _load_builtin_plugins() -> None:
     _BUILTINS_LOADED = True
     import importlib
 
-    for mod in ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers"):
+    for mod in BUILTIN_MODULES:
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:  # a module not written yet in a partial install

@@ -108,7 +108,7 @@ def test_unknown_key_without_close_match_lists_valid_keys():
 @pytest.mark.parametrize("override, key, expected", [
     ("train.steps=abc", "train.steps", "valid integer"),
     ("rollout.temperature=hot", "rollout.temperature", "valid number"),
-    ("engine.name=tpu", "engine.name", "'auto', 'vllm' or 'hf'"),
+    ("engine.name=tpu", "engine.name", "unknown engine 'tpu'; known: auto, "),
     ("eval.k=4", "eval.k", "valid list"),
     ("eval.limit=0", "eval.limit", "greater than or equal to 1"),
 ])

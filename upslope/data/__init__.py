@@ -1,13 +1,15 @@
 """Data: sources (JSONL, Parquet, HF datasets), built-in tasks, samplers."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from upslope.config import DataConfig
 from upslope.data.sources import read_records, records_to_examples
 from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
 from upslope.registry import TASKS
+
+if TYPE_CHECKING:  # data reads config sections; config consults the registries data fills
+    from upslope.config import DataConfig
 
 
 def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example]:

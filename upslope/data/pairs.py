@@ -4,12 +4,14 @@ naming the file, the line (or row) and the field."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from upslope.config import DPOConfig
 from upslope.data.sources import read_records, require_field
 from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # data reads config sections; config consults the registries data fills
+    from upslope.config import DPOConfig
 
 
 @dataclass

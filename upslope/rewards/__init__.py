@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from upslope.config import DataConfig, RewardSpec
 from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
 from upslope.rewards.user import load_user_function
@@ -22,6 +21,9 @@ for _mod in ("upslope.rewards.length", "upslope.rewards.code"):
         if _exc.name != _mod:
             raise
 
+
+if TYPE_CHECKING:  # rewards register into the registries that config consults: no config import at load
+    from upslope.config import DataConfig, RewardSpec
 
 _FAILED = object()  # marks a sample whose reward raised (already counted)
 
@@ -46,6 +48,7 @@ class RewardResult:
 
 def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None) -> list[RewardFn]:
     """Bind the configured rewards (or the task's default reward when none is configured)."""
+    from upslope.config import RewardSpec
     from upslope.data import task_default_reward
 
     if not specs:

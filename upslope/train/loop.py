@@ -20,7 +20,7 @@ from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
-from upslope.data.samplers import UniformSampler
+from upslope.data.samplers import make_sampler
 from upslope.errors import ConfigError, UpslopeError
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
@@ -115,7 +115,7 @@ class BaseTrainer:
         from the policy needs."""
         cfg = self.cfg
         self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed)
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data) if rewards else []
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")

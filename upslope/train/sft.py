@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from upslope.algos.sft import sft_loss
-from upslope.batch import Batch
+from upslope.batch import Batch, sft_batch
 from upslope.config import Config, DataConfig
 from upslope.data.samplers import UniformSampler
-from upslope.data.sft import encode_conversations, load_conversations, sft_batch
+from upslope.data.sft import encode_conversations, load_conversations
 from upslope.errors import ConfigError
 from upslope.logs.progress import console
 from upslope.train.learner import LossFn
