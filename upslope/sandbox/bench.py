@@ -8,7 +8,10 @@ import statistics
 import sys
 import time
 
-from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, default_workers
+from upslope.sandbox import FunctionTest, Job, Sandbox, SandboxConfig, SandboxPool, Status, default_workers
+
+# The shared HumanEval copy beside the repository (as the humaneval task finds it).
+HUMANEVAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "humaneval", "HumanEval.jsonl.gz")
 
 
 def overhead_ms(config: SandboxConfig, runs: int, weak: bool = False) -> tuple[float, float, float]:
@@ -44,18 +47,26 @@ def bare_ms(config: SandboxConfig, runs: int) -> tuple[float, float]:
     return statistics.median(times), statistics.median(cpu)
 
 
+def _read_jsonl(path: str) -> list[dict]:
+    import gzip
+    import json
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def humaneval_rate(
     path: str, config: SandboxConfig, workers: int | None, repeats: int, weak: bool = False
 ) -> tuple[float, int, int]:
-    """Programs per second over the canonical solutions (through the `code` reward's program
-    builder and harness), best of `repeats`; and how many passed."""
-    from upslope.data.humaneval import load_humaneval
-    from upslope.rewards.code import _HARNESS, function_program
-
-    examples = load_humaneval(path)
+    """Programs per second over the canonical solutions (each with its tests run by the
+    checker outside the sandbox, as the `code` reward runs them), best of `repeats`; and how
+    many passed. Reads the HumanEval .jsonl(.gz) itself: the sandbox imports nothing of the
+    data or reward layers."""
     jobs = [
-        Job(code=_HARNESS, files={"solution.py": function_program(e.meta["canonical_solution"], e.meta)}, stdin="t\n")
-        for e in examples
+        Job(code=r["prompt"] + r["canonical_solution"],
+            check=FunctionTest(test=r["test"], entry_point=r["entry_point"], prefix=r["prompt"]))
+        for r in _read_jsonl(path)
     ]
     best, passed = 0.0, 0
     with SandboxPool(config, workers, weak=weak) as pool:
@@ -63,7 +74,7 @@ def humaneval_rate(
             t = time.perf_counter()
             results = pool.run_many(jobs)
             best = max(best, len(jobs) / (time.perf_counter() - t))
-            passed = sum(r.status is Status.OK and r.stdout.endswith("t\n") for r in results)
+            passed = sum(bool(r.verdict and r.verdict.passed) for r in results)
     return best, passed, len(jobs)
 
 
@@ -84,9 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"trivial program ({args.python} {args.python_args}): wall median {med:.1f} ms, p90 {p90:.1f} ms, "
           f"CPU {cpu:.1f} ms; the bare interpreter unsandboxed: wall {bare:.1f} ms, CPU {bare_cpu:.1f} ms")
     print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    from upslope.data.humaneval import DEFAULT_PATH
-
-    rate, passed, n = humaneval_rate(args.humaneval or DEFAULT_PATH, config, args.workers, args.repeats, args.weak)
+    rate, passed, n = humaneval_rate(args.humaneval or HUMANEVAL, config, args.workers, args.repeats, args.weak)
     print(f"HumanEval canonical: {passed}/{n} passed, {rate:.1f} programs/s")
 
 
