@@ -180,7 +180,7 @@ class Sandbox:
         return args + ["--dev", "/dev", "--proc", "/proc"]
 
     def _bwrap_final_args(self) -> list[str]:
-        args = ["--perms", "0777", "--dir", WORK_DIR, "--chdir", WORK_DIR, "--remount-ro", "/", "--cap-drop", "ALL"]
+        args = ["--chdir", WORK_DIR, "--remount-ro", "/", "--cap-drop", "ALL"]
         if self.root:  # setpriv inside needs these two to drop to the run's own uid
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return args
@@ -322,6 +322,7 @@ class Sandbox:
                 file_args = tmp.bwrap_args()
             else:
                 file_args = tmpfs_args(self.config.disk_mb << 20)
+            file_args += ["--perms", "0777", "--dir", WORK_DIR]  # before the files, which would make it 0755
             dirs: set[str] = set()
             for name, content in self._files(job).items():
                 for i in range(1, name.count("/") + 1):
