@@ -4,7 +4,7 @@ cgroup v2 (one unified hierarchy with the memory and pids controllers) is used w
 process may create groups at the hierarchy's root; otherwise cgroup v1 (separate memory and
 pids hierarchies, as in many containers and VMs); otherwise none, and the caller falls back
 to per-process rlimits plus a supervisor that sums the run's resident memory
-(`tree_rss_bytes`). `available()` probes once and says which, or why none.
+(`tree_pids`, `rss_bytes`). `available()` probes once and says which, or why none.
 """
 from __future__ import annotations
 
@@ -191,21 +191,41 @@ def available() -> tuple[Cgroups | None, str]:
     return None, "; ".join(reasons)
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of `pid` and all its descendants (the fallback's run total)."""
-    total, todo, seen = 0, [pid], set()
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants (the fallback's view of a run)."""
+    out, todo, seen = [], [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        for line in _read(f"/proc/{p}/status").splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) << 10
-                break
+        out.append(p)
         try:
             for tid in os.listdir(f"/proc/{p}/task"):
                 todo += [int(x) for x in _read(f"/proc/{p}/task/{tid}/children").split()]
         except OSError:
             pass
+    return out
+
+
+def rss_bytes(pids) -> int:
+    """Summed resident memory of `pids`."""
+    total = 0
+    for p in pids:
+        for line in _read(f"/proc/{p}/status").splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) << 10
+                break
     return total
+
+
+def raise_oom_score(pids) -> None:
+    """Put every process of a run back at oom_score_adj 1000 (the OOM killer's first choice)."""
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/oom_score_adj", "r+") as f:
+                if f.read().strip() != "1000":
+                    f.seek(0)
+                    f.write("1000")
+        except OSError:
+            pass

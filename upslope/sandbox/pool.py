@@ -42,7 +42,8 @@ class SandboxPool:
     def run_many(self, jobs: Iterable[Job]) -> list[Result]:
         """Run the jobs in parallel under one deadline; results come back in the order of the jobs."""
         jobs = list(jobs)
-        deadline = time.monotonic() + self.config.batch_deadline_s(len(jobs), self.workers)
+        longest = max((j.timeout_s if j.timeout_s is not None else self.config.timeout_s for j in jobs), default=None)
+        deadline = time.monotonic() + self.config.batch_deadline_s(len(jobs), self.workers, longest)
         return list(self._executor.map(lambda job: self.sandbox.run(job, deadline), jobs))
 
     async def run_async(self, job: Job) -> Result:

@@ -301,14 +301,17 @@ class Sandbox:
     def _enter_args(self, group: cgroup.RunGroup | None) -> list[str]:
         return ["/bin/sh", "-c", _ENTER, "upslope-enter", *(group.procs_files if group else []), "--"]
 
-    def _rss_poll(self, group: cgroup.RunGroup | None, pid: list[int]):
-        """Without a cgroup: the summed resident memory of the run's process tree, checked by the supervisor."""
-        if group is not None:
-            return None
+    def _poll(self, group: cgroup.RunGroup | None, pid: int):
+        """What the supervisor checks every 0.1 s: the run's processes keep oom_score_adj 1000
+        (a program may lower its own), and without a cgroup, the run's summed resident memory."""
         limit = self.config.run_memory_bytes
 
         def poll() -> Status | None:
-            return Status.MEMORY if pid and cgroup.tree_rss_bytes(pid[0]) > limit else None
+            pids = group.pids() if group is not None else cgroup.tree_pids(pid)
+            cgroup.raise_oom_score(pids)
+            if group is None and cgroup.rss_bytes(pids) > limit:
+                return Status.MEMORY
+            return None
 
         return poll
 
@@ -375,7 +378,7 @@ class Sandbox:
             try:
                 res = supervise(
                     proc, wall, self.config.max_output_bytes, status_fd=status_r,
-                    kill_extra=group.kill_all if group else None, poll=self._rss_poll(group, [proc.pid]),
+                    kill_extra=group.kill_all if group else None, poll=self._poll(group, proc.pid),
                 )
             except BaseException:
                 kill_group(proc.pid)
@@ -444,7 +447,7 @@ class Sandbox:
 
             try:
                 res = supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep,
-                                poll=self._rss_poll(group, [proc.pid]))
+                                poll=self._poll(group, proc.pid))
             finally:
                 kill_group(proc.pid)  # leftovers that outlived the program
                 sweep()

@@ -55,11 +55,12 @@ class SandboxConfig:
         """The memory limit of the whole run (all its processes and its tmpfs)."""
         return (self.run_memory_mb if self.run_memory_mb is not None else 2 * self.memory_mb) << 20
 
-    def batch_deadline_s(self, jobs: int, workers: int) -> float:
-        """Seconds a batch of `jobs` on `workers` may take before what is left is killed."""
+    def batch_deadline_s(self, jobs: int, workers: int, longest_s: float | None = None) -> float:
+        """Seconds a batch of `jobs` on `workers` may take before what is left is killed: the
+        longest job limit, plus 0.25 s per job queued on each worker (room for honest work)."""
         if self.batch_timeout_s is not None:
             return self.batch_timeout_s
-        return self.timeout_s + 0.25 * -(-jobs // max(1, workers))
+        return (longest_s or self.timeout_s) + 0.25 * -(-jobs // max(1, workers))
 
 
 @dataclass
