@@ -180,6 +180,25 @@ class Bait:
             f.write("42\n")
         os.chmod(answers, 0o644)
 
+    def restore(self) -> None:
+        """Put the bait back as it was (after a self-test ran an attack unsandboxed)."""
+        for path in self.canaries:
+            if os.path.exists(path + ".x"):
+                os.rename(path + ".x", path)
+            if os.path.islink(path):
+                os.unlink(path)
+            with open(path, "w") as f:
+                f.write("the host's data\n")
+            os.chmod(path, 0o666)
+        for d in self.drops:
+            for name in set(os.listdir(d)) - {"canary.txt", "secret.txt", "sock", "dgram", "fifo", "answers.txt"}:
+                os.unlink(os.path.join(d, name))
+        for d in ("/dev/shm", "/tmp"):
+            if os.path.exists(os.path.join(d, self.tag + ".x")):
+                os.unlink(os.path.join(d, self.tag + ".x"))
+        for k in self.hits:
+            self.hits[k] = 0
+
     def listener_hits(self) -> dict[str, int]:
         time.sleep(0.15)  # let the accept loops see what arrived
         return {k: v for k, v in self.hits.items() if v}
@@ -465,7 +484,7 @@ for pid in [@VICTIM@] + ([] if os.environ.get("UPSLOPE_NAIVE") else [-1]):
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 print(libc.ptrace(16, @VICTIM@, 0, 0), ctypes.get_errno())
-""", ("leftover",), naive=True),
+""", ("leftover",), naive=False),
     Case("setsid-daemon", "escape", "leave a setsid daemon running after the run", """
 import subprocess
 subprocess.Popen(["setsid", "sh", "-c", "sleep 300; : @MARKER@"], stdout=subprocess.DEVNULL,
@@ -665,10 +684,10 @@ if not os.environ.get("AGAIN"):
     Case("read-tests", "forgery", "read the tests from its own files and answer from them", """
 import glob, os, re
 table = {}
-for path in glob.glob("*") + glob.glob("/tmp/**/*", recursive=True):
+for path in glob.glob("*") + glob.glob("/tmp/*/*"):
     try:
         text = open(path).read()
-    except OSError:
+    except Exception:
         continue
     for args, want in re.findall(r"candidate\\((.*?)\\) == (.+)", text):
         table[args.replace(" ", "")] = eval(want)
@@ -1056,6 +1075,17 @@ _upslope_harness()
 """
 
 
+def _plain_run(argv: list[str], cwd: str, stdin: str, env: dict) -> tuple[int, str, str]:
+    """Run with no sandbox; output through files, so a daemon holding them cannot stall us."""
+    with tempfile.TemporaryFile() as i, tempfile.TemporaryFile() as o, tempfile.TemporaryFile() as e:
+        i.write(stdin.encode())
+        i.seek(0)
+        rc = subprocess.run(argv, cwd=cwd, stdin=i, stdout=o, stderr=e, timeout=20, env=env).returncode
+        o.seek(0)
+        e.seek(0)
+        return rc, o.read().decode(errors="replace"), e.read().decode(errors="replace")
+
+
 def run_naive(case: Case, bait: Bait) -> Seen:
     """The same attack with NO sandbox: a plain subprocess on the host, and for forgeries the
     in-process token harness of upslope before issue 13. The detectors must fire here."""
@@ -1076,27 +1106,21 @@ def run_naive(case: Case, bait: Bait) -> Seen:
             with open(os.path.join(work, "main.py"), "w") as f:
                 f.write(NAIVE_HARNESS)
             token = secrets.token_hex(16)
-            stdin = tempfile.TemporaryFile()
-            stdin.write((token + "\n").encode())
-            stdin.seek(0)
-            proc = subprocess.run([sys.executable, "main.py"], cwd=work, stdin=stdin, capture_output=True,
-                                  text=True, timeout=20, env=env)
-            seen.reward = 1.0 if proc.returncode == 0 and proc.stdout.rstrip("\n").endswith(token) else 0.0
+            rc, out, err = _plain_run([sys.executable, "main.py"], work, token + "\n", env)
+            seen.reward = 1.0 if rc == 0 and out.rstrip("\n").endswith(token) else 0.0
         else:
             stdin = meta_for(case)["cases"][0]["stdin"] if case.kind == "cases" else ""
-            proc = subprocess.run([sys.executable, "-c", code], cwd=work, input=stdin, capture_output=True,
-                                  text=True, timeout=20, env=env)
+            rc, out, err = _plain_run([sys.executable, "-c", code], work, stdin, env)
             if case.kind == "cases":
                 want = meta_for(case)["cases"][0]["stdout"]
-                seen.reward = 1.0 if proc.returncode == 0 and proc.stdout.strip() == want.strip() else 0.0
-        seen.output = proc.stdout + proc.stderr
+                seen.reward = 1.0 if rc == 0 and out.strip() == want.strip() else 0.0
+        seen.output = out + err
         time.sleep(0.2)
+        seen.leftovers = marker_pids(marker)
+        seen.files = bait.file_changes()
         for d in ("/dev/shm", "/tmp"):
             if os.path.exists(os.path.join(d, bait.tag + ".x")):
                 seen.files.append(f"{d}/{bait.tag}.x created on the host")
-                os.unlink(os.path.join(d, bait.tag + ".x"))
-        seen.leftovers = marker_pids(marker)
-        seen.files = bait.file_changes()
         seen.hits = bait.listener_hits()
         seen.victim_ok = bait.victim_ok()
     finally:
@@ -1106,6 +1130,7 @@ def run_naive(case: Case, bait: Bait) -> Seen:
             except OSError:
                 pass
         shutil.rmtree(work, ignore_errors=True)
+        bait.restore()
     return seen
 
 
