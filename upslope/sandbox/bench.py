@@ -78,6 +78,50 @@ def humaneval_rate(
     return best, passed, len(jobs)
 
 
+_WORKER = """
+import sys, time
+from upslope.sandbox import Job, Sandbox, SandboxConfig
+sb = Sandbox(SandboxConfig())
+sb.run(Job(code="pass"))
+for line in sys.stdin:
+    t = time.perf_counter()
+    res = sb.run(Job(code="pass"))
+    print((time.perf_counter() - t) * 1000, res.status, flush=True)
+"""
+
+
+def compare_ms(other_checkout: str, runs: int) -> tuple[float, float, float]:
+    """Median wall time (ms) of a trivial program in another checkout's sandbox, in this one's,
+    and with no sandbox: measured interleaved (one of each per round), so that the load of a
+    busy machine falls on all three alike."""
+    import subprocess
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    workers = [
+        subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": path})
+        for path in (other_checkout, here)
+    ]
+    times: list[list[float]] = [[], [], []]
+    try:
+        for _ in range(runs):
+            for i, w in enumerate(workers):
+                w.stdin.write("go\n")  # type: ignore[union-attr]
+                w.stdin.flush()  # type: ignore[union-attr]
+                ms, status = w.stdout.readline().split()  # type: ignore[union-attr]
+                assert status == "ok", status
+                times[i].append(float(ms))
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            times[2].append((time.perf_counter() - t) * 1000)
+    finally:
+        for w in workers:
+            w.stdin.close()  # type: ignore[union-attr]
+            w.wait()
+    old, new, bare = (statistics.median(t) for t in times)
+    return old, new, bare
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=50)
@@ -87,7 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--python-args", default="", help="extra interpreter flags, e.g. -S")
     ap.add_argument("--weak", action="store_true", help="measure the weak mode instead")
+    ap.add_argument("--against", default=None, help="another checkout: compare its trivial-run overhead with this one's, interleaved")
     args = ap.parse_args(argv)
+    if args.against:
+        old, new, bare = compare_ms(args.against, args.runs)
+        print(f"trivial program, median of {args.runs} interleaved: {args.against}: {old:.1f} ms; this checkout: "
+              f"{new:.1f} ms; bare interpreter: {bare:.1f} ms; load average {os.getloadavg()[0]:.1f}")
+        return
     config = SandboxConfig(python=args.python, python_args=tuple(args.python_args.split()))
     print(f"mode: {'weak' if args.weak else 'bwrap'}, workers: {args.workers or default_workers()}")
     med, p90, cpu = overhead_ms(config, args.runs, args.weak)

@@ -8,6 +8,7 @@ to per-process rlimits plus a supervisor that sums the run's resident memory
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import signal
@@ -120,6 +121,14 @@ class Cgroups:
         self.version = version
         self.parents = parents
 
+    def remove(self) -> None:
+        """Delete the parent group(s) (at exit; runs still in flight keep them)."""
+        for d in self.parents.values():
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
     def new_run(self, memory_bytes: int, max_pids: int) -> RunGroup:
         with _counter_lock:
             name = f"run-{next(_counter)}"
@@ -185,6 +194,7 @@ def available() -> tuple[Cgroups | None, str]:
         try:
             maker = setup()
             maker.new_run(64 << 20, 8).remove()  # a real probe: create, limit, delete
+            atexit.register(maker.remove)
             return maker, ""
         except OSError as exc:
             reasons.append(f"{setup.__name__[7:]}: {exc}")

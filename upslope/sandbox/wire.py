@@ -7,6 +7,7 @@ upslope. A value is encoded as a small JSON tree; `decode` accepts exactly the t
 and raises WireError on anything else (a subclass, an unknown tag, a bad shape).
 """
 import json
+import re
 
 MAX_DEPTH = 64
 
@@ -63,7 +64,7 @@ def decode(tree, depth=0):
         raise WireError("malformed value")
     ((tag, body),) = tree.items()
     if tag == "i":
-        if type(body) is not str or not body.lstrip("-").isdigit() or len(body) > 4000:
+        if type(body) is not str or len(body) > 4000 or not re.fullmatch(r"-?[0-9]+", body):
             raise WireError("bad int")
         return int(body)
     if tag == "f":
