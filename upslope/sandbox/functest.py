@@ -98,7 +98,7 @@ _upslope_serve()
 
 CHECKER_SOURCE = _WIRE + '''
 
-import ast, builtins, os, select, sys, time
+import builtins, os, select, sys, time
 
 # Exceptions of the candidate that a test may catch by type; all others (StopIteration,
 # SystemExit, AssertionError, ...) arrive as CandidateError, which no test expects.
@@ -181,6 +181,8 @@ def _proxy(chan, name):
 
 
 def _free_names(tree):
+    import ast  # only for plain-assert tests: it costs a few ms of start-up
+
     stored, loaded = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -206,11 +208,14 @@ def _check(spec, chan):
         raise Stop("failed", "malformed first reply")
     ns = {"__name__": "__upslope_check__", "__builtins__": builtins}
     exec(compile(spec["prefix"], "<prefix>", "exec", optimize=0), ns)
-    test = compile(spec["test"], "<test>", "exec", flags=ast.PyCF_ONLY_AST, optimize=0)
+    test = spec["test"]
     entry = spec["entry_point"]
     if entry:
         ns[entry] = _proxy(chan, entry)
     else:
+        import ast
+
+        test = compile(test, "<test>", "exec", flags=ast.PyCF_ONLY_AST, optimize=0)
         for name in _free_names(test):
             if name in ns or hasattr(builtins, name):
                 continue
