@@ -2,7 +2,7 @@
 
 The candidate's program runs in the sandbox as module `solution` under a small server
 (SERVER_SOURCE) that answers calls. The tests run in a separate checker process outside
-the sandbox (CHECKER_SOURCE, run as `python -I -S -c`): it executes the trusted test code
+the sandbox (CHECKER_SOURCE, run as `python -I -S -c` and kept for one test after another): it executes the trusted test code
 with the tested function replaced by a proxy, and the proxy sends each call into the
 sandbox over a pipe. Only plain data crosses (upslope.sandbox.wire: JSON trees rebuilt from
 built-in types on the checker's side), so no object of the candidate's (an always-equal
@@ -233,24 +233,46 @@ def _check(spec, chan):
         ns["check"](ns[entry])
 
 
+def judge(spec, rfd, wfd):
+    """Run one test against the program behind (rfd, wfd); the verdict as a message."""
+    chan = Channel(rfd, wfd, time.monotonic() + spec["timeout_s"], spec["cap"])
+    try:
+        _check(spec, chan)
+        return {"passed": True, "kind": "ok", "detail": ""}
+    except Stop as exc:
+        return {"passed": False, "kind": exc.kind, "detail": exc.detail[:2000]}
+    except AssertionError as exc:
+        return {"passed": False, "kind": "failed", "detail": ("AssertionError: %s" % exc)[:2000]}
+    except BaseException as exc:
+        return {"passed": False, "kind": "failed", "detail": ("%s: %s" % (type(exc).__name__, exc))[:2000]}
+
+
 def main():
-    spec = loads(sys.stdin.buffer.read())
-    out = os.dup(1)
+    """Serve tests one after another: each arrives on the control socket (a datagram with the
+    spec and the two pipe ends), and its verdict goes back on it. The socket's EOF ends it."""
+    import socket
+
+    ctl = socket.socket(fileno=int(sys.argv[1]))
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    chan = Channel(int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + spec["timeout_s"], spec["cap"])
-    try:
-        _check(spec, chan)
-        verdict = {"passed": True, "kind": "ok", "detail": ""}
-    except Stop as exc:
-        verdict = {"passed": False, "kind": exc.kind, "detail": exc.detail[:2000]}
-    except AssertionError as exc:
-        verdict = {"passed": False, "kind": "failed", "detail": ("AssertionError: %s" % exc)[:2000]}
-    except BaseException as exc:
-        verdict = {"passed": False, "kind": "failed", "detail": ("%s: %s" % (type(exc).__name__, exc))[:2000]}
-    os.write(out, dumps(verdict))
-    os._exit(0)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(ctl, 1 << 24, 2)
+        except OSError:
+            return
+        if not data or len(fds) != 2:
+            return
+        try:
+            verdict = judge(loads(data), fds[0], fds[1])
+        except BaseException as exc:
+            verdict = {"passed": False, "kind": "error", "detail": ("%s: %s" % (type(exc).__name__, exc))[:2000]}
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        ctl.sendall(dumps(verdict))
 
 
 main()

@@ -28,6 +28,7 @@ import math
 import os
 import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -464,39 +465,66 @@ class Sandbox:
         return out
 
 
+class _CheckerProcess:
+    """A checker process kept alive for one thread: it judges one test after another, each
+    handed over on a unix socket with the two pipe ends of its run (saves an interpreter
+    start per test). Replaced after a test that outlives its deadline."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", CHECKER_SOURCE, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True, cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = os.getpid()
+
+    @classmethod
+    def for_this_thread(cls) -> _CheckerProcess:
+        cur = getattr(cls._local, "checker", None)
+        if cur is None or cur.pid != os.getpid() or cur.proc.poll() is not None:
+            cur = cls._local.checker = cls()
+        return cur
+
+    def discard(self) -> None:
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        self.sock.close()
+        if getattr(self._local, "checker", None) is self:
+            self._local.checker = None
+
+
 class _Checker:
-    """The checker process of a function test: outside the sandbox, talking to it over two pipes."""
+    """The checker's side of one function test: outside the sandbox, talking to it over two pipes."""
 
     def __init__(self, job: Job, wall: float, cap: int):
         check = job.check
         assert check is not None
+        spec = json.dumps({"prefix": check.prefix, "test": check.test, "entry_point": check.entry_point,
+                           "timeout_s": wall, "cap": cap}).encode()
+        if len(spec) > (1 << 24) - 64:
+            raise OSError("the function test is larger than 16 MiB")
         req_r, req_w = os.pipe()  # checker -> sandbox: calls
         resp_r, resp_w = os.pipe()  # sandbox -> checker: replies
         self.sandbox_fds = [req_r, resp_w]
         self.env_value = f"{req_r},{resp_w}"
-        spec = json.dumps({"prefix": check.prefix, "test": check.test, "entry_point": check.entry_point,
-                           "timeout_s": wall, "cap": cap})
-        spec_fd = _memfd(spec)
         self.deadline = time.monotonic() + wall + 2.0
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", CHECKER_SOURCE, str(resp_r), str(req_w)],
-                stdin=spec_fd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(resp_r, req_w),
-                start_new_session=True,
-                cwd="/",
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            )
+            self.checker = _CheckerProcess.for_this_thread()
+            socket.send_fds(self.checker.sock, [spec], [resp_r, req_w])
         except OSError:
-            for fd in (req_r, req_w, resp_r, resp_w):
-                os.close(fd)
+            self.close_sandbox_side()
             raise
         finally:
-            os.close(spec_fd)
-        os.close(resp_r)
-        os.close(req_w)
+            os.close(resp_r)
+            os.close(req_w)
 
     def close_sandbox_side(self) -> None:
         """After the sandbox started (or failed to): drop this process's copies of its ends,
@@ -506,12 +534,15 @@ class _Checker:
         self.sandbox_fds = []
 
     def finish(self) -> Verdict:
-        """Wait for the verdict (killing a checker that outlives its deadline) and parse it."""
+        """Wait for the verdict (replacing a checker that outlives its deadline) and parse it."""
         self.close_sandbox_side()
+        sock = self.checker.sock
+        sock.settimeout(max(0.1, self.deadline - time.monotonic()))
         try:
-            out, _ = self.proc.communicate(timeout=max(0.1, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc.pid)
-            self.proc.communicate()
+            raw = sock.recv(1 << 16)
+        except (socket.timeout, OSError):
+            self.checker.discard()
             return Verdict(False, "timeout", "the tests did not finish in time")
-        return parse_verdict(out or b"")
+        if not raw:  # the checker died (the test code called os._exit, or it was killed)
+            self.checker.discard()
+        return parse_verdict(raw)
