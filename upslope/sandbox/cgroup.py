@@ -186,9 +186,36 @@ def _setup_v1() -> Cgroups:
     return Cgroups(1, parents)
 
 
+def _pid_alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def sweep_stale() -> None:
+    """Remove the groups of sandboxes whose process is gone (a trainer killed mid-run)."""
+    for root in (_V2_ROOT, *_V1_ROOTS.values()):
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            pid = name.rpartition("-")[2]
+            if not name.startswith("upslope-sandbox-") or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            parent = os.path.join(root, name)
+            runs = [os.path.join(parent, r) for r in os.listdir(parent) if r.startswith("run-")]
+            version = 2 if root == _V2_ROOT else 1
+            for run in runs:
+                RunGroup(version, {"unified" if version == 2 else "x": run}).remove()
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> tuple[Cgroups | None, str]:
     """(the cgroup maker, "") where per-run groups work here; else (None, why not)."""
+    sweep_stale()
     reasons = []
     for setup in (_setup_v2, _setup_v1):
         try:

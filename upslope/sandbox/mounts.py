@@ -81,7 +81,7 @@ class RunTmpfs:
     """A tmpfs of one run with size and inode limits (root only), bound as /tmp and /dev/shm."""
 
     def __init__(self, size_bytes: int, inodes: int):
-        self.path = tempfile.mkdtemp(prefix="upslope-run-")
+        self.path = tempfile.mkdtemp(prefix=f"upslope-run-{os.getpid()}-")
         opts = f"size={size_bytes},nr_inodes={inodes},mode=0755".encode()
         if _libc.mount(b"upslope-sandbox", self.path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
             err = ctypes.get_errno()
@@ -100,6 +100,27 @@ class RunTmpfs:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+def sweep_stale_tmpfs() -> None:
+    """Unmount the run tmpfs of sandboxes whose process is gone (a trainer killed mid-run)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        if rest.split()[:2] != ["tmpfs", "upslope-sandbox"]:
+            continue
+        path = fields.split()[4]
+        pid = os.path.basename(path).split("-")[2:3]
+        if pid and pid[0].isdigit() and not os.path.exists(f"/proc/{pid[0]}"):
+            _libc.umount2(path.encode(), _MNT_DETACH)
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
 
 
 def tmpfs_args(size_bytes: int) -> list[str]:

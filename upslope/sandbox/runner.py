@@ -38,7 +38,7 @@ import time
 
 from upslope.sandbox import cgroup, seccomp
 from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
-from upslope.sandbox.mounts import RunTmpfs, allowlist_args, tmpfs_args
+from upslope.sandbox.mounts import RunTmpfs, allowlist_args, sweep_stale_tmpfs, tmpfs_args
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -154,6 +154,8 @@ class Sandbox:
         self._static = self._bwrap_static_args() if self.mode == "bwrap" else []
         self._final = self._bwrap_final_args() if self.mode == "bwrap" else []
         self.cgroups, self.cgroup_problem = cgroup.available() if self.root and self.mode else (None, "not root")
+        if self.root and self.mode == "bwrap":
+            sweep_stale_tmpfs()
         self._seccomp = seccomp.build_filter() if self.mode == "bwrap" and seccomp.supported() else None
 
     def _weak_problem(self) -> str | None:
@@ -387,13 +389,15 @@ class Sandbox:
         except OSError as exc:
             return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="bwrap")
         finally:
-            for fd in fds:
-                os.close(fd)
-            if group is not None:
-                group.kill_all()
-            if tmp is not None:
-                tmp.remove()
-            verdict = checker.finish() if checker is not None else None
+            try:
+                for fd in fds:
+                    os.close(fd)
+                if group is not None:
+                    group.kill_all()
+            finally:
+                if tmp is not None:
+                    tmp.remove()
+                verdict = checker.finish() if checker is not None else None
         res.mode = "bwrap"
         if b'"child-pid"' not in res.status_json and res.killed_for is None:
             err = res.stderr.strip().splitlines()
