@@ -87,3 +87,22 @@ def test_a_missing_or_odd_verdict_is_never_a_pass():
     assert parse_verdict(b'{"passed": 1, "kind": "ok", "detail": ""}\n').kind == "error"
     assert parse_verdict(b'{"passed": true, "kind": "ok", "detail": ""}\n').passed is True
     assert "optimize=0" in CHECKER_SOURCE  # asserts in the tests survive even under python -O
+
+
+@given(st.recursive(st.none() | st.booleans() | st.text(), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=3), max_leaves=12))
+def test_hand_written_json_is_what_json_reads(tree):
+    import json
+
+    assert json.loads(dumps(tree)) == tree
+
+
+def test_lone_surrogates_and_framed_requests():
+    with pytest.raises(WireError):
+        dumps({"ok": "\ud800"})
+    import io
+
+    from upslope.sandbox.wire import frame, read_frame
+
+    msg = {"op": "call", "name": "f", "args": [{"i": "1"}, "x\n"], "kwargs": {"d": []}}
+    stream = io.BytesIO(frame(msg) + frame({"op": "get", "name": "g"}))
+    assert read_frame(stream) == msg and read_frame(stream) == {"op": "get", "name": "g"} and read_frame(stream) is None

@@ -71,8 +71,10 @@ def _upslope_serve():
         return
     sys.stdout.flush()
     send({"ready": True})
-    for line in inp:
-        req = loads(line)
+    while True:
+        req = read_frame(inp)
+        if req is None:
+            break
         target = module.__dict__.get(req.get("name"), _upslope_serve)
         try:
             if req.get("op") == "get":
@@ -125,7 +127,7 @@ class Channel:
         self.buf = b""
 
     def send(self, msg):
-        data = dumps(msg)
+        data = frame(msg)
         while data:
             try:
                 data = data[os.write(self.wfd, data):]
