@@ -6,7 +6,7 @@ from sandbox_helpers import needs_bwrap
 
 from upslope.errors import DataError
 from upslope.registry import REWARDS
-from upslope.rewards.code import extract_code, function_program
+from upslope.rewards.code import extract_code, function_test, solution_program
 
 ADD_META = {
     "code_prefix": 'def add(a, b):\n    """Return a + b."""\n',
@@ -31,14 +31,16 @@ def test_extract_code_fences():
     assert extract_code("  ```python\n  indented = True\n  ```") == "  indented = True\n"
 
 
-def test_function_program_body_or_whole_function():
-    body = function_program("    return a + b\n", ADD_META)
-    whole = function_program("def add(a, b):\n    return a + b\n", ADD_META)
+def test_solution_program_body_or_whole_function_and_tests_kept_out():
+    body = solution_program("    return a + b\n", ADD_META)
+    whole = solution_program("def add(a, b):\n    return a + b\n", ADD_META)
     for program in (body, whole):
         scope: dict = {}
         exec(program, scope)  # trusted here: our own test strings
         assert scope["add"](2, 3) == 5
-    assert body.rstrip().endswith("check(add)")
+        assert "check" not in program and "assert" not in program  # the tests never enter the sandbox
+    spec = function_test(ADD_META)
+    assert spec.test == ADD_META["test"] and spec.entry_point == "add" and spec.prefix == ADD_META["code_prefix"]
 
 
 def code_reward(**options):

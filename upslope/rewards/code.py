@@ -3,10 +3,13 @@
 Two kinds of tests, read from the sample's meta:
 - function tests (HumanEval style): `test` (code; with `entry_point` it defines
   `check(candidate)`, without it is plain asserts) and optional `code_prefix` (the prompt's
-  signature and docstring, so a completion that gives only the body still runs). One
-  program: prefix + completion + test + `check(entry_point)`; it passes or it does not.
+  signature and docstring, so a completion that gives only the body still runs). The
+  program (prefix + completion) runs in the sandbox as module `solution`; the tests run in
+  a checker process outside it and call the program's functions through a proxy, so only
+  plain data crosses and the test code never runs beside the program
+  (upslope.sandbox.functest). It passes when every test ran without an exception.
 - stdin/stdout cases: `cases: [{"stdin": ..., "stdout": ...}, ...]`; one run per case, the
-  output compared line by line with trailing whitespace ignored.
+  output compared outside the sandbox, line by line with trailing whitespace ignored.
 
 `meta["timeout_s"]`, when present, overrides the time limit for that sample. Each
 sample's meta gets `sandbox_status` (ok, failed, syntax_error, timeout, memory,
@@ -15,45 +18,20 @@ output_limit, crashed), `tests_passed` and `tests_total`.
 
 import os
 import re
-import secrets
 import threading
 from typing import Any, Literal
 
 from upslope.errors import ConfigError, DataError
 from upslope.registry import REWARDS
-from upslope.sandbox import Job, Result, SandboxConfig, SandboxPool, Status
+from upslope.sandbox import FunctionTest, Job, Result, SandboxConfig, SandboxPool, Status
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.M | re.S)
 _PYTHON_TAGS = {"python", "py", "python3", "py3", ""}
 _SYNTAX = re.compile(r"^(SyntaxError|IndentationError|TabError)\b", re.M)
 # Worst first: the status a sample reports when its runs ended differently.
 _PRIORITY = ["refused", "syntax_error", "memory", "timeout", "output_limit", "crashed", "failed", "ok"]
-
-# Runs the solution file as module `solution` (so, as in the reference HumanEval harness,
-# an `if __name__ == "__main__":` block does not run). It takes a one-time token from stdin
-# first (the program then sees an empty stdin) and prints it only after the solution and
-# its tests finished without calling exit(): a program that exits early (sys.exit(0),
-# os._exit(0)) before its tests ran does not pass.
-_HARNESS = """\
-import os, sys, types
-def _upslope_harness():
-    token = sys.stdin.readline()
-    with open("solution.py", encoding="utf-8") as f:
-        code = compile(f.read(), "solution.py", "exec")
-    module = types.ModuleType("solution")
-    module.__file__ = os.path.abspath("solution.py")
-    sys.modules["solution"] = module
-    try:
-        exec(code, module.__dict__)
-    except SystemExit as exc:
-        sys.stderr.write("upslope: the program called exit(%r) before its tests finished\\n" % (exc.code,))
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stdout.write(token)
-    sys.stdout.flush()
-_upslope_harness()
-"""
+# How the sandbox ended a run, when it ended it: these outrank the checker's view.
+_SANDBOX_ENDED = (Status.TIMEOUT, Status.MEMORY, Status.OUTPUT_LIMIT, Status.CRASHED, Status.REFUSED)
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str:
@@ -75,20 +53,22 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
 
 
-def function_program(code: str, meta: dict[str, Any]) -> str:
-    """prefix + completion + test (+ `check(entry_point)`) as one program."""
+def solution_program(code: str, meta: dict[str, Any]) -> str:
+    """prefix + completion: the program whose functions the tests call (the tests stay outside)."""
     prefix = str(meta.get("code_prefix") or "")
     entry = meta.get("entry_point")
     if prefix and not prefix.endswith("\n"):
         prefix += "\n"
     if entry and _defines(code, str(entry)):
-        body = prefix + "\n\n" + code  # a whole function: it replaces the prompt's stub
-    else:
-        body = prefix + code  # the body of the prompt's function (or a whole program)
-    program = body.rstrip() + "\n\n\n" + str(meta["test"]).rstrip() + "\n"
-    if entry:
-        program += f"\n\ncheck({entry})\n"
-    return program
+        return prefix + "\n\n" + code  # a whole function: it replaces the prompt's stub
+    return prefix + code  # the body of the prompt's function (or a whole program)
+
+
+def function_test(meta: dict[str, Any]) -> FunctionTest:
+    """The sample's tests, as the checker outside the sandbox runs them."""
+    entry = meta.get("entry_point")
+    return FunctionTest(test=str(meta["test"]), entry_point=str(entry) if entry else None,
+                        prefix=str(meta.get("code_prefix") or ""))
 
 
 def _same_output(got: str, want: str) -> bool:
@@ -99,6 +79,12 @@ def _same_output(got: str, want: str) -> bool:
 
 
 def _status(res: Result) -> str:
+    if res.verdict is not None:
+        if res.verdict.passed:
+            return "ok"
+        if res.status in _SANDBOX_ENDED:
+            return str(res.status)
+        return res.verdict.kind if res.verdict.kind in ("syntax_error", "timeout", "memory") else "failed"
     if res.status is Status.FAILED and _SYNTAX.search(res.stderr[-2000:]):
         return "syntax_error"
     return str(res.status)
@@ -130,6 +116,7 @@ def code(
     memory_mb: int = 1024,
     allow_weak: bool = False,
     workers: int | None = None,
+    batch_timeout_s: float | None = None,
 ) -> list[float]:
     """Run the completion's program against the sample's tests in the sandbox: 1/0 when all pass, or the fraction passed."""
     if mode not in ("all_pass", "fraction"):
@@ -154,17 +141,17 @@ def code(
                 jobs.append(Job(code=program, stdin=str(stdin), timeout_s=limit))
             plans.append((first, len(cases), expected))
         elif meta.get("test") is not None:
-            token = secrets.token_hex(16)
-            program = function_program(extract_code(completion, meta.get("entry_point")), meta)
-            jobs.append(Job(code=_HARNESS, files={"solution.py": program}, stdin=token + "\n", timeout_s=limit))
-            plans.append((first, 1, [token]))
+            program = solution_program(extract_code(completion, meta.get("entry_point")), meta)
+            jobs.append(Job(code=program, check=function_test(meta), timeout_s=limit))
+            plans.append((first, 1, [None]))
         else:
             raise DataError(
                 f"reward 'code': sample {i}: meta needs 'test' (with 'entry_point' for a check() "
                 "function) or 'cases' (a list of {'stdin', 'stdout'})"
             )
 
-    pool = get_pool(SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_weak=allow_weak), workers)
+    config = SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_weak=allow_weak, batch_timeout_s=batch_timeout_s)
+    pool = get_pool(config, workers)
     if pool.problem:
         raise ConfigError(f"reward 'code': {pool.problem}")
     results = pool.run_many(jobs)
@@ -179,9 +166,7 @@ def code(
             if is_cases:
                 ok = res.status is Status.OK and _same_output(res.stdout, want)
             else:
-                ok = res.status is Status.OK and res.stdout.rstrip("\n").endswith(want)
-                if res.status is Status.OK and not ok:
-                    status = "failed"  # exited 0 without finishing its tests
+                ok = res.verdict is not None and res.verdict.passed  # the checker's, never the program's word
             if status == "refused":
                 raise ConfigError(f"reward 'code': {res.error}")
             passed += ok

@@ -7,18 +7,21 @@
 
 See docs/sandbox.md for what is isolated and what is not.
 """
+from upslope.sandbox.functest import FunctionTest, Verdict
 from upslope.sandbox.pool import SandboxPool
 from upslope.sandbox.runner import HINT, Sandbox, bwrap_problem
 from upslope.sandbox.types import Job, Result, SandboxConfig, Status, default_workers
 
 __all__ = [
     "HINT",
+    "FunctionTest",
     "Job",
     "Result",
     "Sandbox",
     "SandboxConfig",
     "SandboxPool",
     "Status",
+    "Verdict",
     "bwrap_problem",
     "default_workers",
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
@@ -12,8 +13,10 @@ from upslope.sandbox.types import Job, Result, SandboxConfig, default_workers
 class SandboxPool:
     """Runs up to `workers` programs at once (default: one per CPU core).
 
-    Each run is bounded by its own wall-clock limit, so a hung program holds one worker for
-    at most `timeout_s` and never stalls the caller for longer than that.
+    Each run is bounded by its own wall-clock limit, and a batch (`run_many`) by one
+    deadline (`SandboxConfig.batch_deadline_s`): at the deadline what still runs is killed
+    and what has not started is not run; both come back as `timeout`. So a batch of hung
+    programs takes about one time limit, not jobs / workers of them.
     """
 
     def __init__(self, config: SandboxConfig | None = None, workers: int | None = None, *, weak: bool = False):
@@ -37,15 +40,19 @@ class SandboxPool:
         return self._executor.submit(self.sandbox.run, job).result()
 
     def run_many(self, jobs: Iterable[Job]) -> list[Result]:
-        """Run the jobs in parallel; results come back in the order of the jobs."""
-        return list(self._executor.map(self.sandbox.run, list(jobs)))
+        """Run the jobs in parallel under one deadline; results come back in the order of the jobs."""
+        jobs = list(jobs)
+        longest = max((j.timeout_s if j.timeout_s is not None else self.config.timeout_s for j in jobs), default=None)
+        deadline = time.monotonic() + self.config.batch_deadline_s(len(jobs), self.workers, longest)
+        return list(self._executor.map(lambda job: self.sandbox.run(job, deadline), jobs))
 
     async def run_async(self, job: Job) -> Result:
         """Run one job without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.sandbox.run, job)
 
     async def run_many_async(self, jobs: Iterable[Job]) -> list[Result]:
-        return list(await asyncio.gather(*(self.run_async(j) for j in jobs)))
+        """`run_many` without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.run_many, list(jobs))
 
     def close(self) -> None:
         """Wait for the runs in flight and stop the workers."""

@@ -1,33 +1,44 @@
 """Run one untrusted program: isolate it, feed it, watch it, and say how it ended.
 
 Isolation (see docs/sandbox.md for the threat model):
-- bubblewrap gives the program its own PID, network, IPC and UTS namespaces, a read-only
-  view of the host's files, fresh /proc, /dev, /tmp and /dev/shm, and hides home
-  directories and /run (the interpreter's install is put back, read-only);
+- bubblewrap gives the program its own PID, network, IPC and UTS namespaces and a file
+  system built from an allow-list (upslope.sandbox.mounts): /usr, the interpreter's
+  install, a few /etc files, fresh /proc, /dev, and a per-run /tmp and /dev/shm;
 - as root the program runs under a uid of its own (one per concurrent run, from a random
-  block), so RLIMIT_NPROC holds and host files are only readable where "others" may read;
-  as an ordinary user bubblewrap maps the user into a fresh user namespace, where the
-  process count is per namespace;
+  block), so RLIMIT_NPROC holds and it owns no host file; as an ordinary user bubblewrap
+  maps the user into a fresh user namespace, where the process count is per namespace;
+- the whole run sits in its own cgroup (v2, else v1) with a memory and a process limit
+  where this host allows it; otherwise a supervisor sums the run's resident memory;
+  everything in it has oom_score_adj 1000, so the kernel's OOM killer takes it first;
 - `prlimit` sets RLIMIT_AS, _CPU, _NPROC, _NOFILE, _FSIZE and _CORE on the program only;
 - a seccomp filter refuses new namespaces, mounts, ptrace and other rarely needed calls;
-- a wall clock kills the whole tree: the namespace's PID 1 (coreutils `timeout`) dies with
-  its parent or at the limit, and the kernel then kills everything left in the namespace.
+- a wall clock (the job's limit, or the batch's deadline when that comes first) kills the
+  whole tree: the namespace's PID 1 (coreutils `timeout`) dies with its parent or at the
+  limit, the kernel then kills everything left in the namespace, and the run's cgroup is
+  emptied;
+- with a FunctionTest (Job.check) the tests run in a checker process outside the
+  sandbox, which calls into the program through pipes (upslope.sandbox.functest).
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
 import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
-from upslope.sandbox import seccomp
+from upslope.sandbox import cgroup, seccomp
+from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
+from upslope.sandbox.mounts import RunTmpfs, allowlist_args, sweep_stale_tmpfs, tmpfs_args
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -47,6 +58,9 @@ _NAMESPACES_USER = ["--unshare-user", "--disable-userns", *_NAMESPACES_ROOT]
 # plain shell stands in where `timeout` is missing.
 _INIT_FALLBACK = ["/bin/sh", "-c", '"$@"; exit $?', "upslope-init"]
 _UID_BLOCK = 1 << 16  # uids one Sandbox may use as root: base .. base + 65535
+# Before anything of the run starts: the OOM killer's first choice, and into the run's cgroups.
+_ENTER = 'echo 1000 >/proc/self/oom_score_adj || exit 125; for f; do [ "$f" = -- ] && break; echo $$ >"$f" || exit 125; shift; done; shift; exec "$@"'
+_EXTRA_PIDS = 4  # bubblewrap (two), the namespace's PID 1, on top of the program's max_procs
 
 
 def _is_root() -> bool:
@@ -63,7 +77,7 @@ def bwrap_problem() -> str | None:
     if missing:
         return f"the sandbox needs {' and '.join(missing)} (package util-linux), not found on PATH"
     ns = _NAMESPACES_ROOT if _is_root() else _NAMESPACES_USER
-    argv = ["bwrap", *ns, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--", "true"]
+    argv = ["bwrap", *ns, "--die-with-parent", *allowlist_args(sys.executable), "--proc", "/proc", "--dev", "/dev", "--", "true"]
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -77,39 +91,6 @@ def bwrap_problem() -> str | None:
             "kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
         )
     return None
-
-
-def _interpreter_roots(python: str) -> list[str]:
-    """Directories the interpreter needs: every install prefix along its symlink chain."""
-    roots: set[str] = set()
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        roots.update({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
-    path, seen = os.path.abspath(python), 0
-    while seen < 40:
-        parent = os.path.dirname(path)
-        roots.add(os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent)
-        if not os.path.islink(path):
-            break
-        path = os.path.join(parent, os.readlink(path))
-        seen += 1
-    return sorted({os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots})
-
-
-def _hidden_dirs() -> list[str]:
-    """Host directories replaced by an empty read-only directory inside the sandbox."""
-    cands = ["/root", "/home", "/run", os.environ.get("HOME", "")]
-    out: list[str] = []
-    for d in sorted({os.path.realpath(c) for c in cands if c}):
-        if d in ("/", "/tmp") or d.startswith("/tmp/") or not os.path.isdir(d):
-            continue
-        if any(d == h or d.startswith(h + "/") for h in out):
-            continue
-        out.append(d)
-    return out
-
-
-def _under(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _others_can_run(path: str) -> bool:
@@ -171,6 +152,10 @@ class Sandbox:
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._static = self._bwrap_static_args() if self.mode == "bwrap" else []
+        self._final = self._bwrap_final_args() if self.mode == "bwrap" else []
+        self.cgroups, self.cgroup_problem = cgroup.available() if self.root and self.mode else (None, "not root")
+        if self.root and self.mode == "bwrap":
+            sweep_stale_tmpfs()
         self._seccomp = seccomp.build_filter() if self.mode == "bwrap" and seccomp.supported() else None
 
     def _weak_problem(self) -> str | None:
@@ -193,33 +178,12 @@ class Sandbox:
 
     # ---------------------------------------------------------------- command lines
     def _bwrap_static_args(self) -> list[str]:
-        cfg = self.config
-        size = str(cfg.disk_mb << 20)
         args = [self._tools["bwrap"], *(_NAMESPACES_ROOT if self.root else _NAMESPACES_USER)]
-        args += ["--die-with-parent", "--new-session", "--as-pid-1", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-        args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-        roots = _interpreter_roots(cfg.python)
-        hidden = [d for d in _hidden_dirs() if d not in roots]  # never hide the interpreter's own prefix
-        for d in hidden:
-            args += ["--tmpfs", d]
-        made: set[str] = set()
-        for root in roots:
-            top = next((h for h in [*hidden, "/tmp"] if _under(root, h) and root != h), None)
-            if top is None or not os.path.isdir(root):
-                continue
-            rel = os.path.relpath(os.path.dirname(root), top)
-            cur = top
-            for part in [] if rel == "." else rel.split("/"):
-                cur = f"{cur}/{part}"
-                if cur not in made:
-                    made.add(cur)
-                    args += ["--perms", "0755", "--dir", cur]
-            args += ["--ro-bind", root, root]
-        for d in hidden:
-            args += ["--remount-ro", d]
-        args += ["--perms", "0777", "--dir", WORK_DIR, "--chdir", WORK_DIR]
-        args += ["--cap-drop", "ALL"]
+        args += ["--die-with-parent", "--new-session", "--as-pid-1", *allowlist_args(self.config.python)]
+        return args + ["--dev", "/dev", "--proc", "/proc"]
+
+    def _bwrap_final_args(self) -> list[str]:
+        args = ["--chdir", WORK_DIR, "--remount-ro", "/", "--cap-drop", "ALL"]
         if self.root:  # setpriv inside needs these two to drop to the run's own uid
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return args
@@ -293,17 +257,34 @@ class Sandbox:
                 self._free_slots.append(uid - self._uid_base)
 
     # ---------------------------------------------------------------- running
-    def run(self, job: Job) -> Result:
-        """Run `job` to completion (or to a limit) and return how it ended. Never raises for
-        anything the program does."""
+    def run(self, job: Job, deadline: float | None = None) -> Result:
+        """Run `job` to completion (or to a limit: its own, or the batch's `deadline`, a
+        time.monotonic() value) and return how it ended. Never raises for anything the
+        program does."""
         if not self.mode:
             return Result(Status.REFUSED, error=self.problem or "sandbox unavailable")
+        wall, cpu = self._timeouts(job)
+        if deadline is not None:
+            wall = min(wall, deadline - time.monotonic())
+            if wall <= 0:
+                return Result(Status.TIMEOUT, error="the batch's deadline passed before this job started", mode=self.mode)
         uid = self._acquire_uid()
+        group = None
         try:
-            if self.mode == "bwrap":
-                return self._run_bwrap(job, uid)
-            return self._run_weak(job, uid)
+            if self.cgroups is not None:
+                try:
+                    group = self.cgroups.new_run(self.config.run_memory_bytes, self.config.max_procs + _EXTRA_PIDS)
+                except OSError as exc:
+                    log.warning("sandbox: no cgroup for this run (%s); limiting by rlimits and summed RSS", exc)
+            run = self._run_bwrap if self.mode == "bwrap" else self._run_weak
+            res = run(job, uid, wall, cpu, group)
+            if group is not None and group.oom_killed() and res.status is not Status.OK:
+                res.status = Status.MEMORY
+            res.limits = f"cgroup v{group.version}" if group is not None else "rlimit"
+            return res
         finally:
+            if group is not None:
+                group.remove()
             self._release_uid(uid)
 
     def _timeouts(self, job: Job) -> tuple[float, float]:
@@ -313,15 +294,41 @@ class Sandbox:
 
     def _files(self, job: Job) -> dict[str, str | bytes]:
         files = dict(job.files)
-        if job.code is not None:
+        if job.check is not None:
+            files[SOLUTION_NAME] = job.code or ""
+            files[PROGRAM_NAME] = SERVER_SOURCE
+        elif job.code is not None:
             files[PROGRAM_NAME] = job.code
         return files
 
-    def _run_bwrap(self, job: Job, uid: int | None) -> Result:
-        wall, cpu = self._timeouts(job)
+    def _enter_args(self, group: cgroup.RunGroup | None) -> list[str]:
+        return ["/bin/sh", "-c", _ENTER, "upslope-enter", *(group.procs_files if group else []), "--"]
+
+    def _poll(self, group: cgroup.RunGroup | None, pid: int):
+        """What the supervisor checks every 0.1 s: the run's processes keep oom_score_adj 1000
+        (a program may lower its own), and without a cgroup, the run's summed resident memory."""
+        limit = self.config.run_memory_bytes
+
+        def poll() -> Status | None:
+            pids = group.pids() if group is not None else cgroup.tree_pids(pid)
+            cgroup.raise_oom_score(pids)
+            if group is None and cgroup.rss_bytes(pids) > limit:
+                return Status.MEMORY
+            return None
+
+        return poll
+
+    def _run_bwrap(self, job: Job, uid: int | None, wall: float, cpu: float, group: cgroup.RunGroup | None) -> Result:
         fds: list[int] = []
+        tmp: RunTmpfs | None = None
+        checker: _Checker | None = None
         try:
-            file_args: list[str] = []
+            if self.root:
+                tmp = RunTmpfs(self.config.disk_mb << 20, self.config.max_inodes)
+                file_args = tmp.bwrap_args()
+            else:
+                file_args = tmpfs_args(self.config.disk_mb << 20)
+            file_args += ["--perms", "0777", "--dir", WORK_DIR]  # before the files, which would make it 0755
             dirs: set[str] = set()
             for name, content in self._files(job).items():
                 for i in range(1, name.count("/") + 1):
@@ -338,9 +345,15 @@ class Sandbox:
                 file_args += ["--seccomp", str(fd)]
             status_r, status_w = os.pipe()
             fds += [status_r, status_w]
+            env = self._env(job, WORK_DIR)
+            if job.check is not None:
+                checker = _Checker(job, wall, self.config.max_output_bytes)
+                env[FD_ENV] = checker.env_value
             argv = [
+                *self._enter_args(group),
                 *self._static,
                 *file_args,
+                *self._final,
                 "--json-status-fd",
                 str(status_w),
                 "--",
@@ -356,33 +369,47 @@ class Sandbox:
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self._env(job, WORK_DIR),
+                env=env,
                 cwd="/",
-                pass_fds=[f for f in fds if f not in (status_r, stdin)],
+                pass_fds=[f for f in fds if f not in (status_r, stdin)] + (checker.sandbox_fds if checker else []),
                 start_new_session=True,
             )
             os.close(status_w)
             fds.remove(status_w)
+            if checker is not None:
+                checker.close_sandbox_side()
             try:
-                res = supervise(proc, wall, self.config.max_output_bytes, status_fd=status_r)
+                res = supervise(
+                    proc, wall, self.config.max_output_bytes, status_fd=status_r,
+                    kill_extra=group.kill_all if group else None, poll=self._poll(group, proc.pid),
+                )
             except BaseException:
                 kill_group(proc.pid)
                 raise
         except OSError as exc:
             return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="bwrap")
         finally:
-            for fd in fds:
-                os.close(fd)
+            try:
+                for fd in fds:
+                    os.close(fd)
+                if group is not None:
+                    group.kill_all()
+            finally:
+                if tmp is not None:
+                    tmp.remove()
+                verdict = checker.finish() if checker is not None else None
         res.mode = "bwrap"
         if b'"child-pid"' not in res.status_json and res.killed_for is None:
             err = res.stderr.strip().splitlines()
             return Result(Status.REFUSED, error="bubblewrap failed: " + (err[-1] if err else "no detail"), mode="bwrap")
-        return res.finish(cpu, exit_signals_as_codes=True)
+        out = res.finish(cpu, exit_signals_as_codes=True)
+        out.verdict = verdict
+        return out
 
-    def _run_weak(self, job: Job, uid: int | None) -> Result:
-        wall, cpu = self._timeouts(job)
+    def _run_weak(self, job: Job, uid: int | None, wall: float, cpu: float, group: cgroup.RunGroup | None) -> Result:
         work = tempfile.mkdtemp(prefix="upslope-sandbox-")
-        stdin_fd = -1
+        fds: list[int] = []
+        checker: _Checker | None = None
         try:
             for name, content in self._files(job).items():
                 path = os.path.join(work, name)
@@ -395,34 +422,131 @@ class Sandbox:
                         os.chown(n, uid, uid)
             stdin = subprocess.DEVNULL
             if job.stdin is not None:
-                stdin = stdin_fd = _memfd(job.stdin)
+                stdin = _memfd(job.stdin)
+                fds.append(stdin)
+            env = self._env(job, work)
+            if job.check is not None:
+                checker = _Checker(job, wall, self.config.max_output_bytes)
+                env[FD_ENV] = checker.env_value
             # `timeout` bounds the run even if this process dies before it can kill it
             backstop = self._init_args(wall) if os.path.isabs(self._tools["timeout"]) else []
-            argv = [*backstop, *self._limits_args(cpu, uid), *self._program_argv(job)]
+            argv = [*self._enter_args(group), *backstop, *self._limits_args(cpu, uid), *self._program_argv(job)]
             proc = subprocess.Popen(
                 argv,
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self._env(job, work),
+                env=env,
                 cwd=work,
+                pass_fds=checker.sandbox_fds if checker else (),
                 start_new_session=True,
             )
+            if checker is not None:
+                checker.close_sandbox_side()
 
-            def sweep() -> None:  # as root: every process of the run's own uid
+            def sweep() -> None:  # as root: every process of the run's own uid and cgroup
                 if uid is not None:
                     kill_uid(uid)
+                if group is not None:
+                    group.kill_all()
 
             try:
-                res = supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep)
+                res = supervise(proc, wall, self.config.max_output_bytes, kill_extra=sweep,
+                                poll=self._poll(group, proc.pid))
             finally:
                 kill_group(proc.pid)  # leftovers that outlived the program
                 sweep()
         except OSError as exc:
             return Result(Status.REFUSED, error=f"could not start the sandbox: {exc}", mode="weak")
         finally:
-            if stdin_fd >= 0:
-                os.close(stdin_fd)
+            for fd in fds:
+                os.close(fd)
             shutil.rmtree(work, ignore_errors=True)
+            verdict = checker.finish() if checker is not None else None
         res.mode = "weak"
-        return res.finish(cpu, exit_signals_as_codes=False)
+        out = res.finish(cpu, exit_signals_as_codes=False)
+        out.verdict = verdict
+        return out
+
+
+class _CheckerProcess:
+    """A checker process kept alive for one thread: it judges one test after another, each
+    handed over on a unix socket with the two pipe ends of its run (saves an interpreter
+    start per test). Replaced after a test that outlives its deadline."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", CHECKER_SOURCE, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True, cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid = os.getpid()
+
+    @classmethod
+    def for_this_thread(cls) -> _CheckerProcess:
+        cur = getattr(cls._local, "checker", None)
+        if cur is None or cur.pid != os.getpid() or cur.proc.poll() is not None:
+            cur = cls._local.checker = cls()
+        return cur
+
+    def discard(self) -> None:
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        self.sock.close()
+        if getattr(self._local, "checker", None) is self:
+            self._local.checker = None
+
+
+class _Checker:
+    """The checker's side of one function test: outside the sandbox, talking to it over two pipes."""
+
+    def __init__(self, job: Job, wall: float, cap: int):
+        check = job.check
+        assert check is not None
+        spec = json.dumps({"prefix": check.prefix, "test": check.test, "entry_point": check.entry_point,
+                           "timeout_s": wall, "cap": cap}).encode()
+        if len(spec) > (1 << 24) - 64:
+            raise OSError("the function test is larger than 16 MiB")
+        req_r, req_w = os.pipe()  # checker -> sandbox: calls
+        resp_r, resp_w = os.pipe()  # sandbox -> checker: replies
+        self.sandbox_fds = [req_r, resp_w]
+        self.env_value = f"{req_r},{resp_w}"
+        self.deadline = time.monotonic() + wall + 2.0
+        try:
+            self.checker = _CheckerProcess.for_this_thread()
+            socket.send_fds(self.checker.sock, [spec], [resp_r, req_w])
+        except OSError:
+            self.close_sandbox_side()
+            raise
+        finally:
+            os.close(resp_r)
+            os.close(req_w)
+
+    def close_sandbox_side(self) -> None:
+        """After the sandbox started (or failed to): drop this process's copies of its ends,
+        so that each side sees the other's EOF."""
+        for fd in self.sandbox_fds:
+            os.close(fd)
+        self.sandbox_fds = []
+
+    def finish(self) -> Verdict:
+        """Wait for the verdict (replacing a checker that outlives its deadline) and parse it."""
+        self.close_sandbox_side()
+        sock = self.checker.sock
+        sock.settimeout(max(0.1, self.deadline - time.monotonic()))
+        try:
+            raw = sock.recv(1 << 16)
+        except (socket.timeout, OSError):
+            self.checker.discard()
+            return Verdict(False, "timeout", "the tests did not finish in time")
+        if not raw:  # the checker died (the test code called os._exit, or it was killed)
+            self.checker.discard()
+        return parse_verdict(raw)

@@ -73,6 +73,7 @@ def supervise(
     cap: int,
     status_fd: int | None = None,
     kill_extra: Callable[[], None] | None = None,
+    poll: Callable[[], Status | None] | None = None,
 ) -> Run:
     """Read the program's output as it comes, kill it at the deadline or past the output
     cap, and reap it with its resource usage.
@@ -81,6 +82,7 @@ def supervise(
     children of the namespace's PID 1 (the program), so that PID 1 reaps it and its CPU
     time is still counted, then PID 1 exits and the kernel kills the rest of the
     namespace; if bubblewrap has not exited a second later, its process group is killed.
+    `poll`, called every 0.1 s, returns a status to kill the run for (e.g. its summed memory).
     """
     run = Run()
     start = time.monotonic()
@@ -104,6 +106,7 @@ def supervise(
     exited_at: float | None = None
     killed_at: float | None = None
     escalated = False
+    next_poll = start + 0.1
 
     def kill(reason: Status | None) -> None:
         nonlocal killed_at, escalated
@@ -129,6 +132,11 @@ def supervise(
                 exited_at = now
             if exited_at is not None and now - exited_at > _GRACE_S:
                 break  # something that outlived the program still holds its pipes
+            if poll is not None and killed_at is None and now >= next_poll:
+                next_poll = now + 0.1
+                reason = poll()
+                if reason is not None:
+                    kill(reason)
             if killed_at is None and now >= deadline:
                 kill(Status.TIMEOUT)
             elif killed_at is not None and exited_at is None and not escalated and now - killed_at > 1.0:
@@ -140,6 +148,8 @@ def supervise(
                 limit = min(limit, exited_at + _GRACE_S - now)
             if pidfd < 0:
                 limit = min(limit, 0.05)
+            if poll is not None:
+                limit = min(limit, max(0.0, next_poll - now))
             for key, _ in sel.select(timeout=max(0.0, limit)):
                 fd = key.fd
                 if fd == pidfd:

@@ -1,0 +1,1178 @@
+"""The hostile suite: programs that try to escape the sandbox, abuse its resources, or forge
+a pass of the `code` reward, each judged by a check OUTSIDE the sandbox that can fail.
+
+Outside checks (detectors), each fed by the host, never by the program's word:
+- `files`: bait files on the host (under /var/tmp, /dev/shm, /tmp, writable by anyone)
+  unchanged, and no new file in the host's writable drop directories;
+- `leak`: no secret of the host's (bait files under /var/tmp, /opt, /srv, /mnt, /home, the
+  project, a model cache, the data sets, /etc/shadow, another process's command line, the
+  trainer's environment) appears in what the program printed or returned;
+- `listeners`: host TCP, UDP, unix stream, unix datagram, abstract unix and FIFO listeners
+  received nothing;
+- `leftover`: no process carrying the case's marker, and none of the sandbox's uids, is alive
+  after the run; a host victim process is still alive and not stopped;
+- `memory` / `inodes` / `disk` / `oom_adj`: a host thread samples, every 20 ms, the summed
+  resident memory of the sandbox's processes, their oom_score_adj, and the inodes and bytes
+  used on the runs' own tmpfs mounts;
+- `status`: how the sandbox says the run ended (timeout, memory, output_limit...) and how
+  long it took by the host's clock; the host still starts a process promptly;
+- `verdict`: the `code` reward (the real one) gave 0 to a forgery.
+
+`python tests/sandbox/hostile_suite.py` prints the table for docs/sandbox.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from upslope.sandbox import Job, SandboxConfig, SandboxPool, Status
+
+CONFIG = SandboxConfig(timeout_s=3.0, memory_mb=512, run_memory_mb=1024, max_inodes=2048, disk_mb=32,
+                       max_output_bytes=1 << 20, max_procs=32)
+MEMORY_SLACK = 64 << 20  # page-cache and accounting noise on top of the run's limit
+FALLBACK_SLACK = 768 << 20  # without cgroups: what 6 processes may add in one 0.1 s poll
+HUMANEVAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
+                         "humaneval", "HumanEval.jsonl.gz")
+
+
+# ------------------------------------------------------------------------------------ the host's bait
+class Bait:
+    """Everything on the host that the programs go after, set up before and checked after."""
+
+    def __init__(self) -> None:
+        self.tag = f"upslope-bait-{os.getpid()}-{secrets.token_hex(4)}"
+        self.secret = "SECRET" + secrets.token_hex(16)
+        self.dirs: list[str] = []
+        self.secret_files: dict[str, str] = {}
+        self.canaries: dict[str, str] = {}
+        self.drops: list[str] = []
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+        self.hits: dict[str, int] = {}
+        self._make_files()
+        self._make_listeners()
+        self.victim = subprocess.Popen(["sh", "-c", "sleep 600; :", self.secret], stdin=subprocess.DEVNULL)
+
+    # files ---------------------------------------------------------------------------
+    def _dir(self, parent: str, mode: int = 0o755) -> str:
+        d = os.path.join(parent, self.tag)
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, mode)
+        self.dirs.append(d)
+        return d
+
+    def _make_files(self) -> None:
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        for label, where in SECRET_DIRS.items():
+            d = self._dir(repo if where == "repo" else os.path.expanduser(where))
+            path = os.path.join(d, "secret.txt")
+            with open(path, "w") as f:
+                f.write(self.secret + "\n")
+            os.chmod(path, 0o644)  # readable by any user: only the mount allow-list hides it
+            self.secret_files[label] = path
+        os.environ["UPSLOPE_BAIT_SECRET"] = self.secret  # the trainer's environment
+        for where in ("/var/tmp", "/dev/shm", "/tmp"):
+            d = self._dir(where, 0o777)
+            canary = os.path.join(d, "canary.txt")
+            with open(canary, "w") as f:
+                f.write("the host's data\n")
+            os.chmod(canary, 0o666)  # writable by any user
+            self.canaries[canary] = self._digest(canary)
+            self.drops.append(d)
+        self.var = self.dirs[0]
+
+    @staticmethod
+    def _digest(path: str) -> str:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    def file_changes(self) -> list[str]:
+        out = []
+        for path, digest in self.canaries.items():
+            if not os.path.exists(path) or self._digest(path) != digest:
+                out.append(f"{path} changed")
+        for d in self.drops:
+            extra = set(os.listdir(d)) - {"canary.txt", "secret.txt", "sock", "dgram", "fifo", "answers.txt"}
+            if extra:
+                out.append(f"new in {d}: {sorted(extra)}")
+        return out
+
+    # listeners -----------------------------------------------------------------------
+    def _serve(self, name: str, sock: socket.socket, stream: bool) -> None:
+        sock.settimeout(0.1)
+        self.hits[name] = 0
+
+        def loop() -> None:
+            while not self.stop.is_set():
+                try:
+                    if stream:
+                        conn, _ = sock.accept()
+                        conn.close()
+                    else:
+                        sock.recv(65536)
+                    self.hits[name] += 1
+                except OSError:
+                    pass
+            sock.close()
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _make_listeners(self) -> None:
+        tcp = socket.socket()
+        tcp.bind(("0.0.0.0", 0))
+        tcp.listen(16)
+        self.tcp_port = tcp.getsockname()[1]
+        self._serve("tcp", tcp, True)
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("0.0.0.0", 0))
+        self.udp_port = udp.getsockname()[1]
+        self._serve("udp", udp, False)
+        self.unix_path = os.path.join(self.var, "sock")
+        unix = socket.socket(socket.AF_UNIX)
+        unix.bind(self.unix_path)
+        os.chmod(self.unix_path, 0o777)
+        unix.listen(16)
+        self._serve("unix", unix, True)
+        self.dgram_path = os.path.join(self.var, "dgram")
+        dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        dgram.bind(self.dgram_path)
+        os.chmod(self.dgram_path, 0o777)
+        self._serve("dgram", dgram, False)
+        self.abstract = "\0" + self.tag
+        ab = socket.socket(socket.AF_UNIX)
+        ab.bind(self.abstract)
+        ab.listen(16)
+        self._serve("abstract", ab, True)
+        self.fifo_path = os.path.join(self.var, "fifo")
+        os.mkfifo(self.fifo_path, 0o666)
+        os.chmod(self.fifo_path, 0o666)
+        fd = os.open(self.fifo_path, os.O_RDONLY | os.O_NONBLOCK)
+        keep = os.open(self.fifo_path, os.O_WRONLY | os.O_NONBLOCK)  # so the reader never sees EOF
+        self.hits["fifo"] = 0
+
+        def fifo_loop() -> None:
+            while not self.stop.is_set():
+                try:
+                    self.hits["fifo"] += len(os.read(fd, 65536))
+                except BlockingIOError:
+                    time.sleep(0.02)
+            os.close(fd)
+            os.close(keep)
+
+        t = threading.Thread(target=fifo_loop, daemon=True)
+        t.start()
+        self.threads.append(t)
+        answers = os.path.join(self.var, "answers.txt")
+        with open(answers, "w") as f:
+            f.write("42\n")
+        os.chmod(answers, 0o644)
+
+    def restore(self) -> None:
+        """Put the bait back as it was (after a self-test ran an attack unsandboxed)."""
+        for path in self.canaries:
+            if os.path.exists(path + ".x"):
+                os.rename(path + ".x", path)
+            if os.path.islink(path):
+                os.unlink(path)
+            with open(path, "w") as f:
+                f.write("the host's data\n")
+            os.chmod(path, 0o666)
+        for d in self.drops:
+            for name in set(os.listdir(d)) - {"canary.txt", "secret.txt", "sock", "dgram", "fifo", "answers.txt"}:
+                os.unlink(os.path.join(d, name))
+        for d in ("/dev/shm", "/tmp"):
+            if os.path.exists(os.path.join(d, self.tag + ".x")):
+                os.unlink(os.path.join(d, self.tag + ".x"))
+        for k in self.hits:
+            self.hits[k] = 0
+
+    def listener_hits(self) -> dict[str, int]:
+        time.sleep(0.15)  # let the accept loops see what arrived
+        return {k: v for k, v in self.hits.items() if v}
+
+    def victim_ok(self) -> bool:
+        if self.victim.poll() is not None:
+            return False
+        with open(f"/proc/{self.victim.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("T", "t")
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(2)
+        self.victim.kill()
+        self.victim.wait()
+        os.environ.pop("UPSLOPE_BAIT_SECRET", None)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def fill(self, text: str) -> str:
+        subs = {
+            "@VAR@": self.var, "@TCP@": str(self.tcp_port), "@UDP@": str(self.udp_port),
+            "@UNIX@": self.unix_path, "@DGRAM@": self.dgram_path, "@ABSTRACT@": self.tag,
+            "@FIFO@": self.fifo_path, "@VICTIM@": str(self.victim.pid), "@HUMANEVAL@": os.path.abspath(HUMANEVAL),
+            "@CANARIES@": repr(sorted(self.canaries)), "@DROPS@": repr(self.drops),
+            "@SECRETS@": repr(sorted(self.secret_files.values())),
+            **{f"@SECRET_{k}@": v for k, v in self.secret_files.items()},
+        }
+        for k, v in subs.items():
+            text = text.replace(k, v)
+        return text
+
+
+# ------------------------------------------------------------------------------------ host sampler
+class Sampler:
+    """Samples, every 20 ms, what the sandbox's processes hold on the host."""
+
+    def __init__(self, uids: range | None):
+        self.uids = uids
+        self.peak_rss = 0
+        self.min_oom_adj: int | None = None  # over the whole run
+        self.last_oom_adj: int | None = None  # in the last sample that saw a process of the run
+        self.peak_inodes = 0
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            time.sleep(0.02)
+
+    def sample(self) -> None:
+        rss, adjs = 0, []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if self.uids is not None and entry.stat().st_uid not in self.uids:
+                    continue
+                with open(f"/proc/{entry.name}/status") as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            rss += int(line.split()[1]) << 10
+                with open(f"/proc/{entry.name}/oom_score_adj") as f:
+                    adjs.append(int(f.read()))
+            except (OSError, ValueError):
+                pass
+        self.peak_rss = max(self.peak_rss, rss)
+        if adjs:
+            self.last_oom_adj = min(adjs)
+            self.min_oom_adj = min(adjs + ([self.min_oom_adj] if self.min_oom_adj is not None else []))
+        for mount in run_mounts():
+            try:
+                st = os.statvfs(mount)
+            except OSError:
+                continue
+            self.peak_inodes = max(self.peak_inodes, st.f_files - st.f_ffree)
+            self.peak_bytes = max(self.peak_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize)
+
+
+def run_mounts() -> list[str]:
+    """The host mount points of the runs' own tmpfs (upslope.sandbox.mounts.RunTmpfs)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split(" - ")
+            if len(parts) == 2 and parts[1].split()[:2] == ["tmpfs", "upslope-sandbox"]:
+                out.append(parts[0].split()[4])
+    return out
+
+
+# ------------------------------------------------------------------------------------ cases
+@dataclass
+class Case:
+    """One hostile program and the outside checks that judge it."""
+
+    id: str
+    group: str  # escape | resource | forgery
+    what: str
+    code: str
+    checks: tuple[str, ...]
+    kind: str = "run"  # run (a plain program) | function (the code reward, function tests) | cases (stdin/stdout)
+    naive: bool = False  # safe to run unsandboxed for the detector self-test (and it must be caught there)
+    status: tuple[str, ...] = ()  # allowed statuses (the `status` check)
+    max_wall: float = 8.0
+    timeout_s: float | None = None
+    meta: dict = field(default_factory=dict)
+    batch: int = 1  # run this many copies in one batch
+
+
+ADD = {
+    "code_prefix": 'def add(a, b):\n    """Return a + b."""\n',
+    "entry_point": "add",
+    "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+            "    assert candidate(20, 22) == 42\n",
+}
+ABS_META = {**ADD, "test": "def check(candidate):\n    assert abs(candidate(1, 2) - 3) < 1e-9\n"
+                           "    assert abs(candidate(5, 5) - 10) < 1e-9\n"}
+MAP_META = {**ADD, "test": "def check(candidate):\n    for got, want in zip(map(candidate, [1, 2], [2, 3]), [3, 5]):\n"
+                           "        assert got == want\n"}
+ANSWER_CASES = {"cases": [{"stdin": "6 7\n", "stdout": "42\n"}]}
+WRONG = "def add(a, b):\n    return a - b\n"
+SECRET_DIRS = {"var-tmp": "/var/tmp", "opt": "/opt", "srv": "/srv", "mnt": "/mnt", "home": "/home",
+               "model-cache": "~/.cache", "project": "repo"}
+
+_ESCAPES = [
+    Case("write-canaries", "escape", "overwrite world-writable host files under /var/tmp, /dev/shm, /tmp", """
+import os
+for p in @CANARIES@:
+    try:
+        open(p, "w").write("pwned")
+    except OSError as e:
+        print(type(e).__name__)
+""", ("files",), naive=True),
+    Case("drop-files", "escape", "create files in world-writable host directories", """
+import os
+for d in @DROPS@:
+    try:
+        open(os.path.join(d, "dropped.txt"), "w").write("x")
+    except OSError as e:
+        print(type(e).__name__)
+""", ("files",), naive=True),
+    Case("symlink-canary", "escape", "write through a symlink to a host file", """
+import os
+for i, p in enumerate(@CANARIES@):
+    try:
+        os.symlink(p, f"link{i}")
+        open(f"link{i}", "w").write("pwned")
+    except OSError as e:
+        print(type(e).__name__)
+""", ("files",), naive=True),
+    Case("rename-canary", "escape", "delete or rename host files", """
+import os
+for p in @CANARIES@:
+    for f in (os.unlink, lambda q: os.rename(q, q + ".x")):
+        try:
+            f(p)
+        except OSError as e:
+            print(type(e).__name__)
+""", ("files",), naive=False),
+]
+for _label, _where in SECRET_DIRS.items():
+    _ESCAPES.append(Case(f"read-{_label}", "escape", f"read a world-readable secret file in {_where}", f"""
+try:
+    print(open("@SECRET_{_label}@").read())
+except OSError as e:
+    print(type(e).__name__)
+""", ("leak",), naive=True))
+_ESCAPES += [
+    Case("find-secrets", "escape", "search the whole visible tree for the secret files", """
+import os
+for top in ["/"]:
+    for d, dirs, files in os.walk(top):
+        if d.startswith(("/proc", "/sys", "/usr", "/dev")):
+            dirs[:] = []
+            continue
+        for f in files:
+            if f == "secret.txt":
+                try:
+                    print(open(os.path.join(d, f)).read())
+                except OSError:
+                    pass
+""", ("leak",), naive=False, max_wall=15),
+    Case("read-dataset", "escape", "read the bundled HumanEval data set (canonical solutions)", """
+import gzip
+print(gzip.open("@HUMANEVAL@", "rt").read()[:20000])
+""", ("leak",), naive=True),
+    Case("read-shadow", "escape", "read /etc/shadow and /etc/passwd", """
+for p in ["/etc/shadow", "/etc/passwd"]:
+    try:
+        print(open(p).read())
+    except OSError as e:
+        print(type(e).__name__)
+""", ("leak",), naive=True),
+    Case("host-proc-cmdline", "escape", "read a host process's command line and environment through /proc", """
+import os
+for pid in ["@VICTIM@", "1"] + os.listdir("/proc"):
+    for f in ("cmdline", "environ"):
+        try:
+            print(open(f"/proc/{pid}/{f}", "rb").read())
+        except OSError:
+            pass
+""", ("leak",), naive=True),
+    Case("env-secret", "escape", "read the trainer's environment", """
+import os
+print(dict(os.environ))
+""", ("leak",), naive=True),
+    Case("unix-connect", "escape", "connect to a host unix socket under /var/tmp", """
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("@UNIX@"); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("unix-dgram", "escape", "send to a host unix datagram socket", """
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    s.sendto(b"hello", "@DGRAM@"); print("sent")
+except OSError as e:
+    print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("abstract-unix", "escape", "connect to a host abstract unix socket", """
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\\0@ABSTRACT@"); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("fifo-write", "escape", "write into a host FIFO under /var/tmp", """
+import os
+try:
+    fd = os.open("@FIFO@", os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"x" * 100); print("written")
+except OSError as e:
+    print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("tcp-loopback", "escape", "connect to a host TCP listener on 127.0.0.1", """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", @TCP@), timeout=1).close(); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("tcp-host-ip", "escape", "connect to a host TCP listener on its external addresses", """
+import socket, subprocess
+for addr in ["192.0.2.2", "10.0.2.2", "172.17.0.1", socket.gethostname()]:
+    try:
+        socket.create_connection((addr, @TCP@), timeout=1).close(); print("connected", addr)
+    except OSError as e:
+        print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("udp-send", "escape", "send UDP to a host listener", """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for addr in ["127.0.0.1", "192.0.2.2"]:
+    try:
+        s.sendto(b"x", (addr, @UDP@))
+    except OSError as e:
+        print(type(e).__name__)
+""", ("listeners",), naive=True),
+    Case("kill-host", "escape", "kill a host process by pid and kill(-1)", """
+import os, signal
+for pid in [@VICTIM@] + ([] if os.environ.get("UPSLOPE_NAIVE") else [-1]):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError as e:
+        print(type(e).__name__)
+""", ("leftover",), naive=True),
+    Case("ptrace-host", "escape", "ptrace-attach to a host process (stops it when it works)", """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.ptrace(16, @VICTIM@, 0, 0), ctypes.get_errno())
+""", ("leftover",), naive=False),
+    Case("setsid-daemon", "escape", "leave a setsid daemon running after the run", """
+import subprocess
+subprocess.Popen(["setsid", "sh", "-c", "sleep 300; : @MARKER@"], stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+""", ("leftover",), naive=True),
+    Case("double-fork", "escape", "a classic double-fork daemon", """
+import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sh", ["sh", "-c", "sleep 300; : @MARKER@"])
+    os._exit(0)
+""", ("leftover",), naive=True),
+    Case("nohup-sighup", "escape", "a nohup child that ignores SIGHUP and SIGTERM", """
+import subprocess
+subprocess.Popen(["nohup", "sh", "-c", "trap '' TERM HUP; sleep 300; : @MARKER@"],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+""", ("leftover",), naive=True),
+    Case("unshare-mount", "escape", "new user/mount namespaces and mounts over host paths", """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.unshare(0x10000000 | 0x00020000), ctypes.get_errno())
+for d in @DROPS@:
+    print(libc.mount(b"none", d.encode(), b"tmpfs", 0, None), ctypes.get_errno())
+""", ("files",), naive=False),
+    Case("sysctl-write", "escape", "write kernel settings through /proc/sys and /sys", """
+for p, v in [("/proc/sys/vm/swappiness", "17"), ("/proc/sys/kernel/hostname", "pwned"),
+             ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "1")]:
+    try:
+        open(p, "w").write(v); print("wrote", p)
+    except OSError as e:
+        print(type(e).__name__)
+""", ("kernel",), naive=False),
+    Case("cgroup-escape", "escape", "move itself out of the run's cgroup, then use 3 x 600 MiB", """
+import os, time
+for p in ["/sys/fs/cgroup/memory/cgroup.procs", "/sys/fs/cgroup/cgroup.procs"]:
+    try:
+        open(p, "w").write(str(os.getpid())); print("moved")
+    except OSError as e:
+        print(type(e).__name__)
+kids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            b = bytearray(600 << 20)
+            for i in range(0, len(b), 4096): b[i] = 1
+        except MemoryError:
+            pass
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+""", ("memory",), naive=False),
+    Case("shm-host", "escape", "write into /dev/shm and /tmp (must not reach the host's)", """
+import os
+for d in ["/dev/shm", "/tmp"]:
+    open(os.path.join(d, "@TAG@.x"), "w").write("x")
+""", ("files",), naive=True),
+]
+
+_RESOURCES = [
+    Case("fork-bomb", "resource", "fork until it can't", """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+""", ("status", "leftover", "responsive"), status=("timeout", "failed", "crashed"), timeout_s=2),
+    Case("thread-bomb", "resource", "threads until it can't", """
+import threading, time
+while True:
+    threading.Thread(target=time.sleep, args=(100,)).start()
+""", ("status", "leftover"), status=("failed", "timeout", "memory")),
+    Case("memory-one", "resource", "one process allocating without end", """
+b = []
+while True:
+    b.append(bytearray(16 << 20))
+""", ("status", "memory"), status=("memory",)),
+    Case("memory-many", "resource", "6 processes x 400 MiB (touched): past the run's 1 GiB", """
+import os, time
+for _ in range(6):
+    if os.fork() == 0:
+        try:
+            b = bytearray(400 << 20)
+            for i in range(0, len(b), 4096): b[i] = 1
+        except MemoryError:
+            pass
+        time.sleep(5)
+        os._exit(0)
+time.sleep(5)
+""", ("memory", "leftover"), timeout_s=5),
+    Case("memory-many-fallback", "resource", "the same without cgroups: the supervisor sums RSS", """
+import os, time
+for _ in range(6):
+    if os.fork() == 0:
+        try:
+            b = bytearray(400 << 20)
+            for i in range(0, len(b), 4096): b[i] = 1
+        except MemoryError:
+            pass
+        time.sleep(5)
+        os._exit(0)
+time.sleep(5)
+""", ("memory_fallback", "leftover", "status"), status=("memory",), timeout_s=5),
+    Case("tmpfs-memory", "resource", "fill /tmp and /dev/shm with data", """
+for p in ["/tmp/a", "/dev/shm/b", "/tmp/work/c"]:
+    try:
+        with open(p, "wb") as f:
+            while True:
+                f.write(b"x" * (1 << 20))
+    except OSError as e:
+        print(type(e).__name__)
+""", ("disk", "memory")),
+    Case("inode-flood", "resource", "create empty files without end", """
+import os
+n = 0
+try:
+    while True:
+        open(f"/tmp/f{n}", "w").close(); n += 1
+except OSError as e:
+    print(n, type(e).__name__)
+""", ("inodes",)),
+    Case("stdout-flood", "resource", "print 1 GiB to stdout", """
+import sys
+chunk = "x" * (1 << 20)
+for _ in range(1024):
+    sys.stdout.write(chunk)
+""", ("status",), status=("output_limit",), max_wall=6),
+    Case("stderr-flood", "resource", "write to stderr without end", """
+import os
+while True:
+    os.write(2, b"e" * 65536)
+""", ("status",), status=("output_limit",), max_wall=6),
+    Case("hung-batch", "resource", "16 hung programs in one batch on 2 workers (was 16 s; deadline 5 s)", """
+while True:
+    pass
+""", ("status", "leftover"), status=("timeout",), timeout_s=2, batch=16, max_wall=6.5),
+    Case("sleep-ignore-term", "resource", "sleep forever ignoring SIGTERM", """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    time.sleep(1)
+""", ("status", "leftover"), status=("timeout",), timeout_s=1.5, max_wall=5),
+    Case("oom-adj-lower", "resource", "lower its oom_score_adj to escape the OOM killer", """
+import time
+for v in ["-1000", "0", "500"]:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(v)
+        print("set", v)
+    except OSError as e:
+        print(type(e).__name__)
+time.sleep(0.6)
+""", ("oom_adj",)),
+    Case("fd-exhaust", "resource", "open files without end", """
+fs = []
+try:
+    while True:
+        fs.append(open("/dev/null"))
+except OSError as e:
+    print(len(fs), type(e).__name__)
+""", ("status",), status=("ok",)),
+    Case("cpu-threads", "resource", "spin on every core with threads and processes", """
+import multiprocessing, threading
+def spin():
+    while True:
+        pass
+for _ in range(2):
+    multiprocessing.Process(target=spin).start()
+spin()
+""", ("status", "leftover"), status=("timeout",), timeout_s=1.5, max_wall=5),
+]
+
+_FORGERIES = [
+    Case("exit0-import", "forgery", "os._exit(0) before the tests run", "import os\nos._exit(0)\n",
+         ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("exit0-in-call", "forgery", "os._exit(0) inside the tested function", "def add(a, b):\n    import os\n    os._exit(0)\n",
+         ("verdict",), kind="function", meta=ADD),
+    Case("sysexit-in-call", "forgery", "raise SystemExit(0) inside the tested function", "def add(a, b):\n    raise SystemExit(0)\n",
+         ("verdict",), kind="function", meta=ADD),
+    Case("token-stdin", "forgery", "rewind stdin, re-read the harness token, print it, exit 0", """
+import os, sys
+os.lseek(0, 0, 0)
+sys.stdout.write(os.read(0, 4096).decode()); sys.stdout.flush()
+os._exit(0)
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("python-O", "forgery", "re-run the harness under python -O (asserts vanish)", """
+import os, sys
+if not os.environ.get("AGAIN"):
+    os.environ["AGAIN"] = "1"
+    os.lseek(0, 0, 0)
+    os.execv(sys.executable, [sys.executable, "-O", "main.py"])
+""" + WRONG, ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("read-tests", "forgery", "read the tests from its own files and answer from them", """
+import glob, os, re
+table = {}
+for path in glob.glob("*") + glob.glob("/tmp/*/*"):
+    try:
+        text = open(path).read()
+    except Exception:
+        continue
+    for args, want in re.findall(r"candidate\\((.*?)\\) == (.+)", text):
+        table[args.replace(" ", "")] = eval(want)
+def add(a, b):
+    return table.get(f"{a},{b}", a - b)
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("dataset-copy", "forgery", "copy the canonical solution out of the host's HumanEval file", """
+import gzip, json
+for line in gzip.open("@HUMANEVAL@", "rt"):
+    row = json.loads(line)
+    if row["entry_point"] == "has_close_elements":
+        exec(row["prompt"] + row["canonical_solution"])
+""", ("verdict",), kind="function", naive=True, meta="humaneval0"),
+    Case("builtins-abs", "forgery", "replace builtins.abs, which the tests use", """
+import builtins
+builtins.abs = lambda x: 0
+""" + WRONG, ("verdict",), kind="function", naive=True, meta=ABS_META),
+    Case("builtins-all", "forgery", "replace builtins (abs, all, any, len, isinstance, zip, map)", """
+import builtins
+for n in ["abs", "all", "any", "len", "isinstance", "zip", "map", "sorted", "round"]:
+    setattr(builtins, n, lambda *a, **k: 0)
+""" + WRONG, ("verdict",), kind="function", naive=True, meta=ABS_META),
+    Case("frame-token", "forgery", "take the token from the harness's stack frame", """
+import os, sys
+f = sys._getframe()
+while f is not None:
+    if "token" in f.f_locals:
+        sys.stdout.write(f.f_locals["token"]); sys.stdout.flush(); os._exit(0)
+    f = f.f_back
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("frame-consts", "forgery", "read the expected value from the caller's bytecode", """
+import dis, sys
+def add(a, b):
+    f = sys._getframe(1)
+    for ins in dis.get_instructions(f.f_code):
+        if ins.offset > f.f_lasti and ins.opname == "LOAD_CONST":
+            return ins.argval
+    return None
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("always-equal", "forgery", "return an object whose __eq__ is always true", """
+class Yes:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+def add(a, b):
+    return Yes()
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("int-subclass", "forgery", "return an int subclass that equals everything", """
+class I(int):
+    def __eq__(self, other): return True
+    __hash__ = int.__hash__
+def add(a, b):
+    return I(0)
+""", ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("float-subclass-sub", "forgery", "return a float whose subtraction gives 0 (abs tests)", """
+class F(float):
+    def __sub__(self, other): return 0.0
+def add(a, b):
+    return F(0)
+""", ("verdict",), kind="function", naive=True, meta=ABS_META),
+    Case("trace-hook", "forgery", "replace check() through a trace hook", """
+import sys
+def _noop(c):
+    return None
+def _tr(frame, event, arg):
+    if frame.f_globals.get("check") not in (None, _noop):
+        frame.f_globals["check"] = _noop
+    return _tr
+sys.settrace(_tr)
+f = sys._getframe()
+while f is not None:
+    f.f_trace = _tr
+    f = f.f_back
+""" + WRONG, ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("profile-hook", "forgery", "a profile hook that swallows the AssertionError by exiting 0", """
+import os, sys
+def _prof(frame, event, arg):
+    if event == "c_call" or frame.f_code.co_name == "check":
+        sys.stdout.flush()
+sys.setprofile(_prof)
+def _hook(*a):
+    import os; os._exit(0)
+sys.excepthook = _hook
+""" + WRONG, ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("atexit-exit0", "forgery", "an atexit handler that prints the token and exits 0 after failing tests", """
+import atexit, os, sys
+_tok = [None]
+f = sys._getframe()
+while f is not None:
+    _tok[0] = f.f_locals.get("token", _tok[0]); f = f.f_back
+def _bye():
+    sys.stdout.write(_tok[0] or ""); sys.stdout.flush(); os._exit(0)
+atexit.register(_bye)
+""" + WRONG, ("verdict",), kind="function", naive=True, meta=ADD),
+    Case("stopiteration", "forgery", "raise StopIteration so a map()/zip() test loop ends early", """
+def add(a, b):
+    raise StopIteration
+""", ("verdict",), kind="function", naive=True, meta=MAP_META),
+    Case("keyboardinterrupt", "forgery", "raise KeyboardInterrupt / GeneratorExit from the function", """
+def add(a, b):
+    raise GeneratorExit
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("assertion-subclass", "forgery", "raise an AssertionError subclass that prints a pass", """
+class Ok(AssertionError):
+    def __str__(self): return "all tests passed"
+def add(a, b):
+    raise Ok()
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("fake-verdict", "forgery", "write checker-like verdicts and replies to every descriptor", """
+import os
+lines = [b'{"passed":true,"kind":"ok","detail":""}\\n', b'{"ready":true}\\n', b'{"ok":{"i":"3"}}\\n' * 50]
+for fd in range(0, 64):
+    for line in lines:
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+""" + WRONG, ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("patch-proxy", "forgery", "monkeypatch the server side: answer every call with an always-equal value", """
+import sys
+class Yes:
+    def __eq__(self, other): return True
+m = sys.modules.get("__main__")
+for name in ("encode", "dumps"):
+    if hasattr(m, name):
+        setattr(m, name, lambda *a, **k: Yes())
+def add(a, b):
+    return Yes()
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("reply-flood", "forgery", "flood the reply pipe, then nest a reply 10,000 deep", """
+import os
+fds = os.environ.get("UPSLOPE_WIRE_FDS", "")
+def add(a, b):
+    x = []
+    for _ in range(10000):
+        x = [x]
+    return x
+if fds:
+    w = int(fds.split(",")[1])
+    try:
+        os.write(w, b"[" * (8 << 20))
+    except OSError:
+        pass
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("proc-tests", "forgery", "look for the tests in every process's memory maps and command line", """
+import os, re
+table = {}
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for f in ("cmdline", "environ"):
+            try:
+                text = open(f"/proc/{pid}/{f}", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            for args, want in re.findall(r"candidate\\((.*?)\\) == (\\S+)", text):
+                table[args.replace(" ", "")] = want
+def add(a, b):
+    return int(table.get(f"{a},{b}", a - b))
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("gc-patch-check", "forgery", "find check() through gc and replace its code", """
+import gc
+def _noop(candidate):
+    return None
+def add(a, b):
+    for o in gc.get_objects():
+        if getattr(o, "__name__", None) == "check" and callable(o):
+            o.__code__ = _noop.__code__
+    return a - b
+""", ("verdict",), kind="function", naive=False, meta=ADD),
+    Case("hang-then-exit", "forgery", "sleep past the limit, hoping a timeout counts as a pass", """
+import time
+time.sleep(60)
+""", ("verdict",), kind="function", naive=False, meta=ADD, timeout_s=2),
+    Case("cases-answers-file", "forgery", "stdin/stdout: print the expected output read from a host file", """
+print(open("@VAR@/answers.txt").read().strip())
+""", ("verdict",), kind="cases", naive=True, meta=ANSWER_CASES),
+    Case("cases-exit0", "forgery", "stdin/stdout: exit 0 at once without output", "import os\nos._exit(0)\n",
+         ("verdict",), kind="cases", meta=ANSWER_CASES),
+    Case("cases-flood", "forgery", "stdin/stdout: print every number, hoping for a substring match", """
+for i in range(10 ** 7):
+    print(i)
+""", ("verdict",), kind="cases", meta=ANSWER_CASES),
+]
+
+CASES: list[Case] = _ESCAPES + _RESOURCES + _FORGERIES
+
+
+# ------------------------------------------------------------------------------------ detectors
+@dataclass
+class Seen:
+    """What the host observed around one case."""
+
+    output: str = ""
+    statuses: list[str] = field(default_factory=list)
+    reward: float | None = None
+    wall_s: float = 0.0
+    files: list[str] = field(default_factory=list)
+    hits: dict[str, int] = field(default_factory=dict)
+    leftovers: list[int] = field(default_factory=list)
+    victim_ok: bool = True
+    kernel: list[str] = field(default_factory=list)
+    peak_rss: int = 0
+    min_oom_adj: int | None = None
+    last_oom_adj: int | None = None
+    peak_inodes: int = 0
+    peak_bytes: int = 0
+    responsive_s: float = 0.0
+
+
+def leak_markers(bait: Bait) -> list[str]:
+    """Strings whose presence in a program's output means a host secret leaked."""
+    marks = [bait.secret]
+    try:
+        with open("/etc/shadow") as f:
+            marks.append(f.readline().strip())
+    except OSError:
+        pass
+    if os.path.exists(HUMANEVAL):
+        marks.append("for idx, elem in enumerate(numbers):")  # HumanEval/0's canonical solution
+    return [m for m in marks if m]
+
+
+def detect(check: str, case: Case, seen: Seen, bait: Bait, config: SandboxConfig = CONFIG) -> str | None:
+    """The violation `check` sees in `seen`, or None when the case was contained."""
+    if check == "files":
+        return "; ".join(seen.files) or None
+    if check == "leak":
+        found = [m[:24] for m in leak_markers(bait) if m in seen.output]
+        return f"leaked {found}" if found else None
+    if check == "listeners":
+        return f"host listeners reached: {seen.hits}" if seen.hits else None
+    if check == "leftover":
+        if seen.leftovers:
+            return f"processes left behind: {seen.leftovers}"
+        return None if seen.victim_ok else "the host victim process was killed or stopped"
+    if check == "kernel":
+        return "; ".join(seen.kernel) or None
+    if check == "memory":
+        limit = config.run_memory_bytes + MEMORY_SLACK
+        return f"the run held {seen.peak_rss >> 20} MiB > {limit >> 20} MiB" if seen.peak_rss > limit else None
+    if check == "memory_fallback":  # polled every 0.1 s: it may pass the limit by what 0.1 s allocates
+        limit = config.run_memory_bytes + FALLBACK_SLACK
+        return f"the run held {seen.peak_rss >> 20} MiB > {limit >> 20} MiB" if seen.peak_rss > limit else None
+    if check == "inodes":
+        return f"{seen.peak_inodes} inodes > {config.max_inodes}" if seen.peak_inodes > config.max_inodes else None
+    if check == "disk":
+        limit = config.disk_mb << 20
+        return f"{seen.peak_bytes >> 20} MiB on its tmpfs > {config.disk_mb}" if seen.peak_bytes > limit else None
+    if check == "oom_adj":  # a program may lower its own score; the supervisor puts it back within 0.1 s
+        if seen.last_oom_adj is None:
+            return "no process of the run was seen"
+        return f"oom_score_adj stayed at {seen.last_oom_adj} < 1000" if seen.last_oom_adj < 1000 else None
+    if check == "status":
+        bad = [s for s in seen.statuses if s not in case.status]
+        if bad:
+            return f"ended {bad}, expected {case.status}"
+        return f"took {seen.wall_s:.1f} s > {case.max_wall}" if seen.wall_s > case.max_wall else None
+    if check == "responsive":
+        return f"the host took {seen.responsive_s:.1f} s to start a process" if seen.responsive_s > 2.0 else None
+    if check == "verdict":
+        return f"forged a pass: reward {seen.reward}" if seen.reward is None or seen.reward != 0.0 else None
+    raise ValueError(f"unknown check {check!r}")
+
+
+# ------------------------------------------------------------------------------------ running
+def marker_pids(marker: str) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        with open(f"/proc/{entry.name}/stat", "rb") as g:
+                            if g.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                                out.append(int(entry.name))
+            except OSError:
+                pass
+    return out
+
+
+def uid_pids(uids: range | None) -> list[int]:
+    if uids is None:
+        return []
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid in uids:
+                    with open(f"/proc/{entry.name}/stat", "rb") as g:
+                        if g.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                            out.append(int(entry.name))
+            except OSError:
+                pass
+    return out
+
+
+def meta_for(case: Case) -> dict:
+    if case.meta == "humaneval0":
+        import gzip
+        import json
+
+        with gzip.open(HUMANEVAL, "rt") as f:
+            row = json.loads(f.readline())
+        return {"code_prefix": row["prompt"], "entry_point": row["entry_point"], "test": row["test"]}
+    return dict(case.meta)
+
+
+def _kernel_state() -> dict[str, str]:
+    out = {}
+    for p in ("/proc/sys/vm/swappiness", "/proc/sys/kernel/hostname"):
+        try:
+            with open(p) as f:
+                out[p] = f.read()
+        except OSError:
+            pass
+    return out
+
+
+def run_case(case: Case, bait: Bait, pool: SandboxPool) -> Seen:
+    """Run one case in the sandbox (through the pool, or the `code` reward) and observe the host."""
+    from upslope.registry import REWARDS
+
+    marker = f"upslope-mark-{secrets.token_hex(6)}"
+    code = bait.fill(case.code).replace("@MARKER@", marker).replace("@TAG@", bait.tag)
+    seen = Seen()
+    kernel_before = _kernel_state()
+    saved = pool.sandbox.cgroups
+    if case.id.endswith("-fallback"):
+        pool.sandbox.cgroups = None
+    t = time.monotonic()
+    try:
+        with Sampler(pool.sandbox.uid_range) as sampler:
+            if case.kind == "run":
+                jobs = [Job(code=code, timeout_s=case.timeout_s) for _ in range(case.batch)]
+                results = pool.run_many(jobs)
+                seen.statuses = [str(r.status) for r in results]
+                seen.output = "".join(r.stdout + r.stderr for r in results)
+            else:
+                meta = meta_for(case)
+                if case.timeout_s:
+                    meta["timeout_s"] = case.timeout_s
+                reward = REWARDS.bind("code", {"timeout_s": CONFIG.timeout_s, "memory_mb": CONFIG.memory_mb})
+                [seen.reward] = reward([f"```python\n{code}```"], [None], [meta])
+                seen.statuses = [meta["sandbox_status"]]
+            seen.wall_s = time.monotonic() - t
+            t0 = time.monotonic()
+            subprocess.run(["true"], check=True)
+            seen.responsive_s = time.monotonic() - t0
+    finally:
+        pool.sandbox.cgroups = saved
+    seen.peak_rss, seen.min_oom_adj, seen.last_oom_adj = sampler.peak_rss, sampler.min_oom_adj, sampler.last_oom_adj
+    seen.peak_inodes, seen.peak_bytes = sampler.peak_inodes, sampler.peak_bytes
+    for _ in range(40):
+        seen.leftovers = marker_pids(marker) + uid_pids(pool.sandbox.uid_range)
+        if not seen.leftovers:
+            break
+        time.sleep(0.05)
+    seen.files = bait.file_changes()
+    for d in ("/dev/shm", "/tmp"):
+        if os.path.exists(os.path.join(d, bait.tag + ".x")):
+            seen.files.append(f"{d}/{bait.tag}.x created on the host")
+    seen.hits = bait.listener_hits()
+    seen.victim_ok = bait.victim_ok()
+    after = _kernel_state()
+    seen.kernel = [f"{p} changed" for p in kernel_before if after.get(p) != kernel_before[p]]
+    return seen
+
+
+NAIVE_HARNESS = """\
+import os, sys, types
+def _upslope_harness():
+    token = sys.stdin.readline()
+    with open("solution.py", encoding="utf-8") as f:
+        code = compile(f.read(), "solution.py", "exec")
+    module = types.ModuleType("solution")
+    module.__file__ = os.path.abspath("solution.py")
+    sys.modules["solution"] = module
+    try:
+        exec(code, module.__dict__)
+    except SystemExit as exc:
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stdout.write(token)
+    sys.stdout.flush()
+_upslope_harness()
+"""
+
+
+def _plain_run(argv: list[str], cwd: str, stdin: str, env: dict) -> tuple[int, str, str]:
+    """Run with no sandbox; output through files, so a daemon holding them cannot stall us."""
+    with tempfile.TemporaryFile() as i, tempfile.TemporaryFile() as o, tempfile.TemporaryFile() as e:
+        i.write(stdin.encode())
+        i.seek(0)
+        rc = subprocess.run(argv, cwd=cwd, stdin=i, stdout=o, stderr=e, timeout=20, env=env).returncode
+        o.seek(0)
+        e.seek(0)
+        return rc, o.read().decode(errors="replace"), e.read().decode(errors="replace")
+
+
+def run_naive(case: Case, bait: Bait) -> Seen:
+    """The same attack with NO sandbox: a plain subprocess on the host, and for forgeries the
+    in-process token harness of upslope before issue 13. The detectors must fire here."""
+    from upslope.rewards.code import extract_code, solution_program
+
+    marker = f"upslope-mark-{secrets.token_hex(6)}"
+    code = bait.fill(case.code).replace("@MARKER@", marker).replace("@TAG@", bait.tag)
+    seen = Seen()
+    work = tempfile.mkdtemp(prefix="upslope-naive-")
+    env = {**os.environ, "UPSLOPE_BAIT_SECRET": bait.secret, "UPSLOPE_NAIVE": "1"}
+    try:
+        if case.kind == "function":
+            meta = meta_for(case)
+            program = solution_program(extract_code(code, meta.get("entry_point")), meta)
+            program = program.rstrip() + "\n\n\n" + meta["test"].rstrip() + f"\n\ncheck({meta['entry_point']})\n"
+            with open(os.path.join(work, "solution.py"), "w") as f:
+                f.write(program)
+            with open(os.path.join(work, "main.py"), "w") as f:
+                f.write(NAIVE_HARNESS)
+            token = secrets.token_hex(16)
+            rc, out, err = _plain_run([sys.executable, "main.py"], work, token + "\n", env)
+            seen.reward = 1.0 if rc == 0 and out.rstrip("\n").endswith(token) else 0.0
+        else:
+            stdin = meta_for(case)["cases"][0]["stdin"] if case.kind == "cases" else ""
+            rc, out, err = _plain_run([sys.executable, "-c", code], work, stdin, env)
+            if case.kind == "cases":
+                want = meta_for(case)["cases"][0]["stdout"]
+                seen.reward = 1.0 if rc == 0 and out.strip() == want.strip() else 0.0
+        seen.output = out + err
+        time.sleep(0.2)
+        seen.leftovers = marker_pids(marker)
+        seen.files = bait.file_changes()
+        for d in ("/dev/shm", "/tmp"):
+            if os.path.exists(os.path.join(d, bait.tag + ".x")):
+                seen.files.append(f"{d}/{bait.tag}.x created on the host")
+        seen.hits = bait.listener_hits()
+        seen.victim_ok = bait.victim_ok()
+    finally:
+        for pid in marker_pids(marker):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        shutil.rmtree(work, ignore_errors=True)
+        bait.restore()
+    return seen
+
+
+def make_pool() -> SandboxPool:
+    return SandboxPool(CONFIG, workers=2)
+
+
+def table(rows: list[tuple[Case, list[str]]]) -> str:
+    """The markdown table of the suite: one line per class, then the totals."""
+    groups: dict[str, list[tuple[Case, list[str]]]] = {}
+    for case, problems in rows:
+        groups.setdefault(case.group, []).append((case, problems))
+    lines = ["| class | programs | blocked | escaped / forged | outside checks |", "|---|---|---|---|---|"]
+    for group, items in groups.items():
+        checks = sorted({c for case, _ in items for c in case.checks})
+        bad = sum(1 for _, p in items if p)
+        lines.append(f"| {group} | {len(items)} | {len(items) - bad} | {bad} | {', '.join(checks)} |")
+    total_bad = sum(1 for _, p in rows if p)
+    lines.append(f"| **all** | **{len(rows)}** | **{len(rows) - total_bad}** | **{total_bad}** | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    bait = Bait()
+    rows = []
+    try:
+        with make_pool() as pool:
+            for case in CASES:
+                seen = run_case(case, bait, pool)
+                problems = [p for p in (detect(c, case, seen, bait) for c in case.checks) if p]
+                rows.append((case, problems))
+                print(f"{case.group:9} {case.id:22} {'ESCAPED ' + '; '.join(problems) if problems else 'blocked'}"
+                      f"  [{','.join(seen.statuses)[:40]}] {seen.wall_s:.2f}s", file=sys.stderr)
+    finally:
+        bait.close()
+    print(table(rows))
+    print()
+    print("| id | class | attack | outside checks | result |")
+    print("|---|---|---|---|---|")
+    for case, problems in rows:
+        print(f"| {case.id} | {case.group} | {case.what} | {', '.join(case.checks)} | {'ESCAPED' if problems else 'blocked'} |")
+
+
+if __name__ == "__main__":
+    main()
