@@ -36,7 +36,8 @@ import tempfile
 import threading
 import time
 
-from upslope.sandbox import cgroup, seccomp
+import upslope.sandbox.cgroup as cgroup
+import upslope.sandbox.seccomp as seccomp
 from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
 from upslope.sandbox.mounts import RunTmpfs, allowlist_args, sweep_stale_tmpfs, tmpfs_args
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
