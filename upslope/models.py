@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from upslope.errors import ModelError
+from upslope.errors import ModelError, UpslopeError
 from upslope.fsutil import atomic_directory
 
 EMBEDDED = {
@@ -38,6 +38,7 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
         return str(_converted(gguf, cache_root(cache_dir) / "models" / name, announce))
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        check_gguf(path)
         key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:12]
         return str(_converted(path, cache_root(cache_dir) / "models" / f"{path.stem}-{key}", announce))
     if path.is_dir():
@@ -48,6 +49,7 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
 
             return str(merged_cache(path, cache_root(cache_dir), announce))
         if (path / "config.json").exists():
+            check_model_dir(path)
             return str(path)
         ggufs = sorted(path.glob("*.gguf"))
         if gguf_file:
@@ -86,9 +88,12 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
-    with atomic_directory(target, prefix=".convert-") as tmp:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with atomic_directory(target, prefix=".convert-", replace=True) as tmp:  # our own cache entry
+        try:
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:  # the GGUF reader raises many types for a damaged file
+            raise ModelError(f"{gguf}: not a readable GGUF model ({_first_line(exc)})") from None
         model.hf_quantizer = None  # GGUF weights are dequantized already; allow saving
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -96,6 +101,85 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
         tok.save_pretrained(tmp)
     announce(f"cached {target}")
     return target
+
+
+GGUF_MAGIC = b"GGUF"
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def check_gguf(path: Path) -> None:
+    """A GGUF file starts with the magic bytes and a header; an empty, truncated or foreign file
+    is one ModelError line before any conversion starts."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(24)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read the GGUF file ({exc.strerror})") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    if len(head) < 24:
+        raise ModelError(f"{path}: GGUF file is truncated ({path.stat().st_size} bytes)")
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path)).fields
+    except Exception as exc:  # the reader raises many types for a damaged header or tensor table
+        raise ModelError(f"{path}: damaged or truncated GGUF file ({_first_line(exc)})") from None
+    if "general.architecture" not in fields:
+        raise ModelError(f"{path}: GGUF file has no general.architecture (not a model, or damaged)")
+
+
+def check_model_dir(path: Path) -> None:
+    """A model directory needs a readable config.json (a JSON object with model_type), weights
+    and a tokenizer; what is missing or broken is one ModelError line naming the file."""
+    import json
+
+    cfg_file = path / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{cfg_file}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{cfg_file}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ModelError(f"{cfg_file}: expected a JSON object with a 'model_type' (a Hugging Face model config)")
+    if not any(any(path.glob(p)) for p in WEIGHT_PATTERNS):
+        raise ModelError(f"model directory {path}: has config.json but no weights (*.safetensors or *.bin)")
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        raise ModelError(f"model directory {path}: has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+
+
+def read_chat_template(value: str) -> str:
+    """model.chat_template as Jinja text: a file when it names one (or looks like a path), else the
+    text itself; a missing file, a directory, binary text or a Jinja syntax error is one line."""
+    from upslope.errors import ConfigError
+    from upslope.fsutil import read_text_file
+
+    p = Path(value).expanduser()
+    looks_like_path = "{" not in value and ("/" in value or p.suffix in (".jinja", ".j2", ".txt", ".tmpl"))
+    source = f"model.chat_template={value}"
+    if p.exists() or looks_like_path:
+        try:
+            text = read_text_file(p, "chat template file (model.chat_template)")
+        except UpslopeError as exc:
+            raise ConfigError(str(exc)) from None
+        source = str(p)
+    else:
+        text = value
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{source}: chat template syntax error at line {exc.lineno}: {exc.message} "
+                          f"(model.chat_template)") from None
+    return text
 
 
 @dataclass
@@ -109,10 +193,13 @@ def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
     """Tokenizer with a pad token and (optionally) a replacement chat template."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # missing/corrupt tokenizer files raise many types
+        raise ModelError(f"model directory {path}: the tokenizer could not be loaded ({_first_line(exc)})") from None
     if chat_template:
-        p = Path(chat_template)
-        tok.chat_template = p.read_text() if p.exists() else chat_template
+        tok.chat_template = read_chat_template(chat_template)
+    _set_context_length(tok, path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -123,9 +210,24 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model at {path} could not be loaded: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # corrupt weights or config raise many types (OSError, SafetensorError, ...)
+        raise ModelError(f"model at {path} could not be loaded: {_first_line(exc)}") from None
     return model
+
+
+def _set_context_length(tok: Any, path: str) -> None:
+    """Tell the tokenizer the model's context (config max_position_embeddings) when its own
+    model_max_length is the 'unlimited' placeholder, so over-long prompts can be caught."""
+    import json
+
+    if getattr(tok, "model_max_length", 0) and tok.model_max_length < 10**8:
+        return
+    try:
+        ctx = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(ctx, int) and ctx > 0:
+        tok.model_max_length = ctx
 
 
 def stop_token_ids(tokenizer: Any, model_path: str | None = None) -> list[int]:
@@ -162,7 +264,7 @@ def make_tiny_model(source_path: str, target: str | Path, layers: int = 2, hidde
     cfg.head_dim = 64
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with atomic_directory(target, prefix=".tiny-") as tmp:
+    with atomic_directory(target, prefix=".tiny-", replace=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         load_tokenizer(source_path).save_pretrained(tmp)
     return str(target)

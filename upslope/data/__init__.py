@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from upslope.config import DataConfig
-from upslope.data.sources import read_records, records_to_examples
+from upslope.data.sources import apply_template, read_records, records_to_examples
 from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
 from upslope.registry import TASKS
@@ -24,8 +24,8 @@ def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example
         examples = fn()
         if cfg.template != "{prompt}":
             for ex in examples:
-                if isinstance(ex.prompt, str):
-                    ex.prompt = cfg.template.format(prompt=ex.prompt)
+                if isinstance(ex.prompt, str):  # a built-in task's records have only the prompt
+                    ex.prompt = apply_template(cfg.template, ex.prompt, {}, f"task {cfg.task}")
         if cfg.limit:
             examples = examples[: cfg.limit]
     if not examples:

@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typing import Any
+
 from upslope.config import Config
+from upslope.errors import UpslopeError
 from upslope.eval.runner import evaluate
 from upslope.logs.progress import console, summary_table
 from upslope.runtime import Runtime
@@ -17,7 +20,18 @@ def run_eval_command(cfg: Config) -> int:
         summary = evaluate(runtime, out_dir=out_dir, show_progress=cfg.log.progress)
     finally:
         runtime.close()
+    check_reward_failures(summary)
     console.print(summary_table(f"eval: {cfg.model.name}", summary))
     print(json.dumps(summary))
     console.print(f"[dim]wrote {out_dir / 'eval_summary.json'} and eval_samples.jsonl[/dim]")
     return 0
+
+
+def check_reward_failures(summary: dict[str, Any]) -> None:
+    """A reward that failed on every sample makes the accuracy meaningless: one line, as in
+    training, instead of a silent accuracy of 0."""
+    samples = int(summary.get("samples", 0))
+    for name, count in (summary.get("reward_failures") or {}).items():
+        if samples and count >= samples:
+            raise UpslopeError(f"reward '{name}' failed on every sample ({count} of {samples}); fix the reward "
+                               f"function (failures on some samples get reward_fallback instead)")
