@@ -42,10 +42,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
@@ -59,13 +62,20 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, train
                            f"the previous checkpoints in {ckpt_dir} are unchanged")
     if final.exists() and not is_checkpoint_dir(final):
         raise UpslopeError(f"{final}: exists and is not a checkpoint upslope wrote; not replacing it")
-    with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True, replace=True) as tmp:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        torch.save(trainer_state, tmp / "trainer.pt")
-        (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / MARKER).write_text(str(step))
-    _write_text_atomic(ckpt_dir / "latest", final.name)
+    try:
+        with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True, replace=True) as tmp:
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "model")
+            torch.save(trainer_state, tmp / "trainer.pt")
+            (tmp / "config.yaml").write_text(config_yaml)
+            (tmp / MARKER).write_text(str(step))
+        _write_text_atomic(ckpt_dir / "latest", final.name)
+    except UpslopeError:
+        raise
+    except Exception as exc:  # a full or failing disk (the tokenizer's writer raises a plain Exception)
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise UpslopeError(f"{final}: could not write the checkpoint ({reason}); the previous checkpoints in "
+                           f"{ckpt_dir} are unchanged") from None
     _prune(ckpt_dir, keep_last)
     return final
 

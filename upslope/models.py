@@ -87,6 +87,8 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
         raise ModelError(f"GGUF file not found: {gguf}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(gguf)
+    check_gguf_header(gguf)
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
     with atomic_directory(target, prefix=".convert-", replace=True) as tmp:  # our own cache entry
         try:
@@ -125,6 +127,11 @@ def check_gguf(path: Path) -> None:
         raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
     if len(head) < 24:
         raise ModelError(f"{path}: GGUF file is truncated ({path.stat().st_size} bytes)")
+
+
+def check_gguf_header(path: Path) -> None:
+    """The GGUF metadata and tensor table read cleanly and name an architecture (a few seconds:
+    done only before a conversion)."""
     try:
         from gguf import GGUFReader
 
