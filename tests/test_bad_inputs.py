@@ -319,6 +319,30 @@ _data_case("dpo_missing_chosen", lambda w: [f"{w.tmp / 'pairs.jsonl'}:1", "chose
 case("dpo_dataset_without_path", ["dpo.path"])(lambda w: ["dpo", *w.base(None, "dpo.source=dataset")])
 
 
+_data_case("sft_no_assistant", lambda w: [f"{w.tmp / 'sft_user.jsonl'}:1", "assistant"],
+           lambda w: w.jsonl("sft_user.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}]),
+           "data.messages_field=messages", command="sft")
+_data_case("sft_too_long", lambda w: [f"{w.tmp / 'sft_long.jsonl'}:1", "sft.max_tokens"],
+           lambda w: w.jsonl("sft_long.jsonl", [{"messages": [{"role": "user", "content": "word " * 300},
+                                                              {"role": "assistant", "content": "ok"}]}]),
+           "data.messages_field=messages", "sft.max_tokens=64", command="sft")
+_data_case("rft_data_not_utf8", lambda w: [f"{w.tmp / 'rft.jsonl'}:1", "UTF-8"],
+           lambda w: w.file("rft.jsonl", '{"prompt": "\xff", "answer": 1}\n'.encode("latin-1")), command="rft")
+_data_case("hf_dir_broken", lambda w: [str(w.tmp / "hfdir")],
+           lambda w: (w.tmp / "hfdir").mkdir() or w.file("hfdir/dataset_dict.json", "{broken") and w.tmp / "hfdir")
+case("distill_teacher_missing", ["distill.teacher"])(
+    lambda w: ["distill", *w.base(None, "distill.teacher=/no/teacher")])
+case("distill_teacher_only_config", lambda w: [str(w.tmp / "teach")])(
+    lambda w: ["distill", *w.base(None, f"distill.teacher={_model_dir(w, 'teach', {'config.json': _tiny_file(w, 'config.json')})}")])
+case("critic_model_missing", ["/no/critic"])(
+    lambda w: ["train", *w.base(None, "algo.advantage.name=gae", "critic.model=/no/critic")])
+case("run_dir_holds_earlier_run", lambda w: [str(w.run), "train.resume=latest"], keep=lambda w: [w.run])(
+    lambda w: ["train", *w.base(w.run)])
+case("eval_output_not_ours", lambda w: [str(w.tmp / "evrun" / "eval_summary.json")],
+     keep=lambda w: [w.tmp / "evrun"])(
+    lambda w: ["eval", *w.base(w.file("evrun/eval_summary.json", "my own notes").parent)])
+
+
 def _parquet_bytes(prompt_key: str = "prompt") -> bytes:
     import io
 

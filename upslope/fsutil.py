@@ -57,7 +57,7 @@ def _refuse_existing(target: Path, replace: bool) -> None:
     from upslope.errors import UpslopeError
 
     if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise UpslopeError(f"{target}: exists and is not a directory; not replacing it")
+        raise UpslopeError(f"{target}: exists and is a file or a link, not a directory; not replacing it")
     if target.exists() and not replace and not is_empty_dir(target):
         raise UpslopeError(f"{target}: directory exists and is not empty; not replacing it")
 
@@ -82,7 +82,7 @@ def check_run_dir(path: Path, resuming: bool) -> None:
         raise ConfigError(f"run_dir={path}: not writable (read-only file system or no permission)")
     if resuming:
         return
-    earlier = [p.name for p in (path / "checkpoints", path / "metrics.jsonl")
+    earlier = [p.name for p in (path / "checkpoints", path / "metrics.jsonl", path / "rft_samples.jsonl")
                if (p.is_dir() and any(p.iterdir())) or (p.is_file() and p.stat().st_size)]
     if earlier:
         raise ConfigError(f"run_dir={path}: holds an earlier run ({', '.join(earlier)}) that a fresh run would "

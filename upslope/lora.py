@@ -203,7 +203,8 @@ def check_export_target(src: Path, out_dir: Path, force: bool) -> None:
     for p in [out_dir, *out_dir.parents]:
         if p.exists() or p.is_symlink():
             if p.is_symlink() or not p.is_dir():
-                raise UpslopeError(f"export: {p} is a file{'' if p == out_dir else ' (in the output path)'}; "
+                kind = "a link" if p.is_symlink() else "a file"
+                raise UpslopeError(f"export: {p} is {kind}{'' if p == out_dir else ' (in the output path)'}; "
                                    f"give a new or empty directory as OUT_DIR")
             break
     if not out_dir.exists() or is_empty_dir(out_dir):

@@ -27,8 +27,10 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(root)
 
 
-def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print) -> str:
-    """A local directory holding an HF model (config, safetensors, tokenizer) for `name`."""
+def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print,
+                  option: str = "model.name") -> str:
+    """A local directory holding an HF model (config, safetensors, tokenizer) for `name`; errors
+    name `option`, the setting that gave it."""
     if name in EMBEDDED:
         module, filename, install = EMBEDDED[name]
         spec = importlib.util.find_spec(module)
@@ -53,17 +55,17 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
             return str(path)
         ggufs = sorted(path.glob("*.gguf"))
         if gguf_file:
-            return resolve_model(str(path / gguf_file), None, cache_dir, announce)
+            return resolve_model(str(path / gguf_file), None, cache_dir, announce, option)
         if len(ggufs) == 1:
-            return resolve_model(str(ggufs[0]), None, cache_dir, announce)
-        raise ModelError(f"model.name={name}: directory has no config.json"
+            return resolve_model(str(ggufs[0]), None, cache_dir, announce, option)
+        raise ModelError(f"{option}={name}: directory has no config.json"
                          + (f" and {len(ggufs)} GGUF files: set model.gguf_file" if ggufs else ""))
     if path.exists() or name.startswith((".", "/", "~")):
-        raise ModelError(f"model.name={name}: not a model directory or .gguf file")
-    return _from_hub(name)
+        raise ModelError(f"{option}={name}: not a model directory or .gguf file")
+    return _from_hub(name, option)
 
 
-def _from_hub(model_id: str) -> str:
+def _from_hub(model_id: str, option: str = "model.name") -> str:
     """Download (or find in the HF cache) a hub model; fail in one line when offline."""
     try:
         from huggingface_hub import snapshot_download
@@ -75,8 +77,8 @@ def _from_hub(model_id: str) -> str:
     except Exception as exc:
         reason = type(exc).__name__
         raise ModelError(
-            f"model.name={model_id}: not a local path, and the Hugging Face hub could not be reached ({reason}); "
-            f"download it where a hub is reachable and pass model.name=/path/to/model_dir") from None
+            f"{option}={model_id}: not a local path, and the Hugging Face hub could not be reached ({reason}); "
+            f"download it where a hub is reachable and pass {option}=/path/to/model_dir") from None
 
 
 def _converted(gguf: Path, target: Path, announce: Any) -> Path:
@@ -271,7 +273,7 @@ def make_tiny_model(source_path: str, target: str | Path, layers: int = 2, hidde
     cfg.head_dim = 64
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with atomic_directory(target, prefix=".tiny-", replace=True) as tmp:
+    with atomic_directory(target, prefix=".tiny-") as tmp:  # never replaces a non-empty directory
         model.save_pretrained(tmp, safe_serialization=True)
         load_tokenizer(source_path).save_pretrained(tmp)
     return str(target)

@@ -14,9 +14,10 @@ from upslope.runtime import Runtime
 
 
 def run_eval_command(cfg: Config) -> int:
+    out_dir = Path(cfg.run_dir)
+    check_outputs(out_dir, "eval")
     runtime = Runtime.create(cfg, announce=lambda m: console.print(f"[dim]{m}[/dim]"))
     try:
-        out_dir = Path(cfg.run_dir)
         summary = evaluate(runtime, out_dir=out_dir, show_progress=cfg.log.progress)
     finally:
         runtime.close()
@@ -35,3 +36,21 @@ def check_reward_failures(summary: dict[str, Any]) -> None:
         if samples and count >= samples:
             raise UpslopeError(f"reward '{name}' failed on every sample ({count} of {samples}); fix the reward "
                                f"function (failures on some samples get reward_fallback instead)")
+
+
+def check_outputs(out_dir: Path, tag: str) -> None:
+    """Refuse (one line) to overwrite an eval output file that upslope did not write: a file of
+    the same name that is not an earlier evaluation's summary or samples."""
+    summary, samples = out_dir / f"{tag}_summary.json", out_dir / f"{tag}_samples.jsonl"
+    for path, keys in ((summary, {"accuracy", "tag"}), (samples, {"completion", "reward"})):
+        if not path.exists():
+            continue
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read() if path == summary else fh.readline()
+            record = json.loads(head) if head.strip() else dict.fromkeys(keys)
+        except (OSError, ValueError):
+            record = None
+        if path.is_dir() or not isinstance(record, dict) or not keys <= set(record):
+            raise UpslopeError(f"{path}: exists and is not an earlier upslope evaluation's output; not overwriting "
+                               f"it (choose another run_dir)")

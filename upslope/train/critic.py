@@ -10,6 +10,7 @@ import torch
 from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.batch import Batch, micro_batch_indices
 from upslope.config import Config
+from upslope.models import resolve_model
 
 
 class Critic(torch.nn.Module):
@@ -18,7 +19,7 @@ class Critic(torch.nn.Module):
         from transformers import AutoModel
 
         self.cfg = cfg
-        path = cfg.critic.model or model_path
+        path = resolve_model(cfg.critic.model, option="critic.model") if cfg.critic.model else model_path
         self.body = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
         self.head = torch.nn.Linear(self.body.config.hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
