@@ -401,6 +401,8 @@ case("run_dir_under_file", lambda w: [str(w.tmp / "afile"), "run_dir"])(
     lambda w: ["train", *w.base(w.file("afile", "x") / "run")])
 case("run_dir_is_file", lambda w: [str(w.tmp / "runfile"), "run_dir"], keep=lambda w: [w.tmp / "runfile"])(
     lambda w: ["train", *w.base(w.file("runfile", "my notes"))])
+case("run_dir_metrics_is_directory", lambda w: [str(w.tmp / "mrun" / "metrics.jsonl"), "directory"])(
+    lambda w: ["train", *w.base((w.tmp / "mrun" / "metrics.jsonl").mkdir(parents=True) or w.tmp / "mrun")])
 case("eval_run_dir_under_file", lambda w: [str(w.tmp / "efile"), "run_dir"])(
     lambda w: ["eval", *w.base(w.file("efile", "x") / "run")])
 

@@ -77,16 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"upslope: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the file system refused a write: full disk, read-only, a file in the path
-        if debug or exc.errno is None or isinstance(exc, BrokenPipeError):
-            raise
-        where = exc.filename or "a file"
-        print(f"upslope: error: {where}: cannot write ({exc.strerror}); files saved before are unchanged",
-              file=sys.stderr)
-        return 2
     except BrokenPipeError:  # output piped into `head` and closed
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the file system refused: full disk, read-only, a file in the path
+        if debug or exc.errno is None:
+            raise
+        print(f"upslope: error: {exc.filename or 'a file'}: {exc.strerror} (files saved before are unchanged)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("upslope: interrupted", file=sys.stderr)
         return 130
