@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -384,6 +383,18 @@ _resume_case("resume_past_steps", lambda w: [str(w.tmp / "resume_past_steps"), "
              lambda w, ck: None, "train.steps=1")
 
 
+def _damaged_latest(w: World) -> list[str]:
+    """A run whose only checkpoint lost its weights and whose `latest` pointer is binary."""
+    run = w.tmp / "latest_run"
+    shutil.copytree(w.run / "checkpoints", run / "checkpoints")
+    (run / "checkpoints" / "latest").write_bytes(b"\xff\x00\xfe")
+    _truncate(run / "checkpoints" / "step_000001" / "model" / "model.safetensors")
+    return ["train", *w.base(run, "train.resume=latest", "train.steps=3")]
+
+
+case("resume_latest_damaged", lambda w: [str(w.tmp / "latest_run" / "checkpoints" / "step_000001")])(_damaged_latest)
+
+
 def _truncate(p: Path) -> None:
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 3])
@@ -534,5 +545,3 @@ def test_debug_env_shows_traceback(world_base, monkeypatch):
     with pytest.raises(UpslopeError):
         main(["train", "/no/such/recipe.yaml"])
 
-
-_ = textwrap  # noqa

@@ -252,3 +252,19 @@ def test_nonfinite_gradient_step_is_skipped_then_the_run_stops(tiny_model_path, 
     with pytest.raises(UpslopeError, match="optim.max_nonfinite_steps=3"):
         learner.optimize(b, 5, nan_loss)
     assert all(bool(torch.isfinite(p).all()) for p in learner.model.parameters())
+
+
+def test_diverging_run_stops_in_one_line_and_saves_only_finite_weights(tiny_model_path, tmp_path, capsys):
+    """lr=1e30 blows the weights up after one step; every later gradient is NaN: each such step
+    is skipped, and after optim.max_nonfinite_steps in a row the run stops with one line."""
+    rd = tmp_path / "run"
+    rc = main(["train", *base(tiny_model_path, rd, "train.steps=8", "train.precision=float32", "optim.lr=1e30",
+                              "optim.grad_clip=0", "rollout.n=4", "train.save_every=1",
+                              f"reward=[{{name: '{Path(__file__).parent / 'train' / 'toy_rewards.py'}:long_text'}}]")])
+    line = one_error(capsys, after_progress=True)
+    assert rc == 2 and "optim.max_nonfinite_steps=3" in line, line
+    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert [r["learner/nonfinite_skipped"] for r in rows] == [0.0, 1.0, 1.0]  # the 3rd skip raised in step 4
+    for step in sorted((rd / "checkpoints").glob("step_*")):
+        weights = load_file(step / "model" / "model.safetensors")
+        assert all(bool(torch.isfinite(v).all()) for v in weights.values()), step

@@ -118,11 +118,14 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
         return path
     ckpt_dir = run_dir / "checkpoints"
     pointer = ckpt_dir / "latest"
-    if pointer.exists():
-        path = ckpt_dir / pointer.read_text().strip()
-        if (path / MARKER).exists():
-            return path
-    done = sorted(p for p in ckpt_dir.glob("step_*") if (p / MARKER).exists())
+    try:
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        name = ""  # a damaged pointer: fall back to the newest complete checkpoint
+    if STEP_DIR.fullmatch(name) and is_checkpoint_dir(ckpt_dir / name):
+        return ckpt_dir / name
+    done = sorted((p for p in ckpt_dir.glob("step_*") if is_checkpoint_dir(p)),
+                  key=lambda p: int(p.name.removeprefix("step_")))
     if not done:
         raise UpslopeError(f"train.resume=latest: no complete checkpoint in {ckpt_dir}")
     return done[-1]
