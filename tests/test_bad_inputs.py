@@ -39,11 +39,12 @@ class World:
     tmp: Path
 
     def base(self, run_dir: Path | None = None, *extra: str) -> list[str]:
-        """Overrides for a fast train/eval on the tiny model (hf engine, no progress display)."""
+        """Overrides for a fast train/eval on the tiny model (hf engine, no progress display, 16
+        arithmetic problems instead of 10000 to encode)."""
         return [f"model.name={self.tiny}", "engine.name=hf", f"run_dir={run_dir or self.tmp / 'run'}",
                 "log.progress=false", "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2",
                 "rollout.n=2", "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
-                "train.steps=1", "eval.limit=2", "train.threads=1", *extra]
+                "train.steps=1", "eval.limit=2", "train.threads=1", "data.options={count: 16}", *extra]
 
     def file(self, name: str, content: str | bytes) -> Path:
         p = self.tmp / name
