@@ -167,18 +167,21 @@ def _reward_file(name: str, body: str, expect: list[str] | Callable[[World], lis
     case(name, expect)(lambda w: ["train", *w.base(None, f"reward=[{{name: '{w.file(name + '.py', body)}:{fn}'}}]")])
 
 
-_reward_file("reward_syntax_error", "def score(c, a, m)\n    return 1\n", lambda w: [f"{w.tmp / 'reward_syntax_error.py'}:1", "SyntaxError"])
+_reward_file("reward_syntax_error", "def score(c, a, m)\n    return 1\n",
+             lambda w: [f"{w.tmp / 'reward_syntax_error.py'}:1", "SyntaxError"])
 _reward_file("reward_import_raises", "import no_such_package_xyz\n", ["reward_import_raises.py", "no_such_package_xyz"])
 _reward_file("reward_function_missing", "def other(c, a, m):\n    return 1\n", ["no function 'score'"])
 _reward_file("reward_not_callable", "score = 3\n", ["no function 'score'"])
 _reward_file("reward_no_params", "def score():\n    return 1\n", ["signature"])
 _reward_file("reward_binary_module", "\x00\x01\x02binary", ["reward_binary_module.py"])
-_reward_file("reward_always_raises", "def score(c, a, m):\n    raise KeyError('nope')\n", ["failed on every sample", "KeyError"])
+_reward_file("reward_always_raises", "def score(c, a, m):\n    raise KeyError('nope')\n",
+             ["failed on every sample", "KeyError"])
 _reward_file("reward_returns_text", "def score(c, a, m):\n    return 'yes'\n", ["failed on every sample", "'yes'"])
 case("reward_file_missing", lambda w: [str(w.tmp / "gone.py")])(
     lambda w: ["train", *w.base(None, f"reward=[{{name: '{w.tmp / 'gone.py'}:fn'}}]")])
+EVAL_RAISES = "def score(c, a, m):\n    raise KeyError(1)\n"
 case("eval_reward_always_raises", ["failed on every sample", "reward 'score'"])(
-    lambda w: ["eval", *w.base(None, f"reward=[{{name: '{w.file('evr.py', 'def score(c, a, m):' + chr(10) + '    raise KeyError(1)' + chr(10))}:score'}}]")])
+    lambda w: ["eval", *w.base(None, f"reward=[{{name: '{w.file('evr.py', EVAL_RAISES)}:score'}}]")])
 
 
 # ---------------------------------------------------------------- models, tokenizers, templates
@@ -270,7 +273,8 @@ ROW = {"prompt": "What is 2 + 2?", "answer": 4}
 _data_case("data_missing", ["/no/such/data.jsonl", "not found"], lambda w: "/no/such/data.jsonl")
 _data_case("data_binary_jsonl", lambda w: [str(w.tmp / "bin.jsonl")], lambda w: w.file("bin.jsonl", os.urandom(300)))
 _data_case("data_not_utf8", lambda w: [f"{w.tmp / 'latin.jsonl'}:2", "UTF-8"],
-           lambda w: w.file("latin.jsonl", (json.dumps(ROW) + "\n" + '{"prompt": "caf\xe9", "answer": 1}\n').encode("latin-1")))
+           lambda w: w.file("latin.jsonl",
+                            (json.dumps(ROW) + "\n" + '{"prompt": "caf\xe9", "answer": 1}\n').encode("latin-1")))
 _data_case("data_invalid_json", lambda w: [f"{w.tmp / 'bad.jsonl'}:2", "invalid JSON"],
            lambda w: w.file("bad.jsonl", json.dumps(ROW) + "\n{not json}\n"))
 _data_case("data_json_array_line", lambda w: [f"{w.tmp / 'arr.jsonl'}:1", "JSON object"],
@@ -296,18 +300,22 @@ _data_case("data_fake_gzip", lambda w: [str(w.tmp / "fake.jsonl.gz"), "gzip"],
            lambda w: w.file("fake.jsonl.gz", json.dumps(ROW) + "\n"))
 _data_case("data_gzip_truncated", lambda w: [str(w.tmp / "cut.jsonl.gz")],
            lambda w: w.file("cut.jsonl.gz", gzip.compress((json.dumps(ROW) + "\n").encode() * 50)[:-20]))
-_data_case("data_dir_without_files", lambda w: [str(w.tmp / "ddir")], lambda w: (w.tmp / "ddir").mkdir() or w.tmp / "ddir")
+_data_case("data_dir_without_files", lambda w: [str(w.tmp / "ddir")],
+           lambda w: (w.tmp / "ddir").mkdir() or w.tmp / "ddir")
 _data_case("data_dir_with_fake_parquet", lambda w: [str(w.tmp / "pdir" / "train.parquet"), "Parquet"],
            lambda w: (w.tmp / "pdir").mkdir() or w.file("pdir/train.parquet", b"not parquet") and w.tmp / "pdir")
 _data_case("data_template_missing_field", lambda w: [f"{w.tmp / 't.jsonl'}:1", "data.template", "hint"],
            lambda w: w.jsonl("t.jsonl", [ROW]), "data.template='{prompt} {hint}'")
-_data_case("data_template_bad_format", ["data.template"], lambda w: w.jsonl("t2.jsonl", [ROW]), "data.template='{prompt'")
+_data_case("data_template_bad_format", ["data.template"], lambda w: w.jsonl("t2.jsonl", [ROW]),
+           "data.template='{prompt'")
 _data_case("data_prompt_too_long", lambda w: [f"{w.tmp / 'long.jsonl'}:2", "rollout.max_prompt_tokens"],
            lambda w: w.jsonl("long.jsonl", [ROW, {"prompt": "word " * 600, "answer": 1}]))
 _data_case("data_prompt_over_context", lambda w: [f"{w.tmp / 'ctx.jsonl'}:1", "context"],
-           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]), "rollout.max_prompt_tokens=20000", "reward=[{name: integer}]")
+           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]),
+           "rollout.max_prompt_tokens=20000", "reward=[{name: integer}]")
 _data_case("eval_data_missing", ["/no/eval.jsonl"], lambda w: "/no/eval.jsonl", key="eval.data.path", command="eval")
-_data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")], lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
+_data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")],
+           lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
            key="eval.data.path", command="eval")
 _data_case("sft_missing_messages", lambda w: [f"{w.tmp / 'sft.jsonl'}:1", "messages"],
            lambda w: w.jsonl("sft.jsonl", [{"text": "hi"}]), "data.messages_field=messages", command="sft")
@@ -333,7 +341,8 @@ _data_case("hf_dir_broken", lambda w: [str(w.tmp / "hfdir")],
 case("distill_teacher_missing", ["distill.teacher"])(
     lambda w: ["distill", *w.base(None, "distill.teacher=/no/teacher")])
 case("distill_teacher_only_config", lambda w: [str(w.tmp / "teach")])(
-    lambda w: ["distill", *w.base(None, f"distill.teacher={_model_dir(w, 'teach', {'config.json': _tiny_file(w, 'config.json')})}")])
+    lambda w: ["distill", *w.base(None, "distill.teacher="
+                                  f"{_model_dir(w, 'teach', {'config.json': _tiny_file(w, 'config.json')})}")])
 case("critic_model_missing", ["/no/critic"])(
     lambda w: ["train", *w.base(None, "algo.advantage.name=gae", "critic.model=/no/critic")])
 case("run_dir_holds_earlier_run", lambda w: [str(w.run), "train.resume=latest"], keep=lambda w: [w.run])(

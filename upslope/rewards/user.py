@@ -44,7 +44,8 @@ def load_user_function(ref: str) -> Callable[..., Any]:
             raise ConfigError(f"{exc.filename}:{exc.lineno or 1}: reward module has a SyntaxError: {exc.msg} "
                               f"(reward '{ref}')") from None
         except (Exception, SystemExit) as exc:
-            raise ConfigError(f"reward '{ref}': importing module '{target}' failed: {type(exc).__name__}: {exc}") from None
+            raise ConfigError(f"reward '{ref}': importing module '{target}' failed: "
+                              f"{type(exc).__name__}: {exc}") from None
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise ConfigError(f"reward '{ref}': module has no function '{name}'")
