@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from upslope import lora
 from upslope.errors import UpslopeError
 from upslope.fsutil import atomic_directory
+from upslope.train.finite import first_nonfinite
 
 MARKER = "COMPLETE"
 
@@ -40,33 +42,71 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
                     config_yaml: str, keep_last: int) -> Path:
-    """Write step `step`; a crash at any point leaves the previous `latest` intact."""
+    """Write step `step`; a crash at any point leaves the previous `latest` intact. Non-finite
+    weights or optimiser state are refused (one line), so no checkpoint ever holds NaN/inf."""
     final = ckpt_dir / f"step_{step:06d}"
-    with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True) as tmp:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        torch.save(trainer_state, tmp / "trainer.pt")
-        (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / MARKER).write_text(str(step))
-    _write_text_atomic(ckpt_dir / "latest", final.name)
+    bad = first_nonfinite(model.state_dict().items()) or first_nonfinite([("trainer state", trainer_state)])
+    if bad:
+        raise UpslopeError(f"checkpoint step {step}: refusing to save non-finite values (NaN/inf) in {bad}; "
+                           f"the previous checkpoints in {ckpt_dir} are unchanged")
+    if final.exists() and not is_checkpoint_dir(final):
+        raise UpslopeError(f"{final}: exists and is not a checkpoint upslope wrote; not replacing it")
+    try:
+        with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True, replace=True) as tmp:
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "model")
+            torch.save(trainer_state, tmp / "trainer.pt")
+            (tmp / "config.yaml").write_text(config_yaml)
+            (tmp / MARKER).write_text(str(step))
+        _write_text_atomic(ckpt_dir / "latest", final.name)
+    except UpslopeError:
+        raise
+    except Exception as exc:  # a full or failing disk (the tokenizer's writer raises a plain Exception)
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise UpslopeError(f"{final}: could not write the checkpoint ({reason}); the previous checkpoints in "
+                           f"{ckpt_dir} are unchanged") from None
     _prune(ckpt_dir, keep_last)
     return final
 
 
+STEP_DIR = re.compile(r"step_(\d{6,})")
+STALE_DIR = re.compile(r"\.tmp-step_\d{6,}-(old-)?[A-Za-z0-9_]+")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Did upslope write this directory as a checkpoint? Its name is step_NNNNNN, its COMPLETE
+    marker holds that step, and it has trainer.pt and model/ (only these are ever pruned)."""
+    m = STEP_DIR.fullmatch(path.name)
+    if not m or path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        marker = (path / MARKER).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return marker == str(int(m.group(1))) and (path / "trainer.pt").is_file() and (path / "model").is_dir()
+
+
 def _prune(ckpt_dir: Path, keep_last: int) -> None:
-    done = sorted(p for p in ckpt_dir.glob("step_*") if (p / MARKER).exists())
+    """Keep the newest `keep_last` checkpoints; remove older ones and temp dirs a crash left,
+    touching nothing upslope did not recognisably write."""
+    done = sorted((p for p in ckpt_dir.glob("step_*") if is_checkpoint_dir(p)),
+                  key=lambda p: int(p.name.removeprefix("step_")))
     for old in done[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in ckpt_dir.glob(".tmp-step_*"):  # left by a crash mid-write
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in ckpt_dir.glob(".tmp-step_*"):  # left by a crash mid-write (mkdtemp names)
+        if STALE_DIR.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def find_checkpoint(run_dir: Path, which: str) -> Path:
@@ -78,18 +118,40 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
         return path
     ckpt_dir = run_dir / "checkpoints"
     pointer = ckpt_dir / "latest"
-    if pointer.exists():
-        path = ckpt_dir / pointer.read_text().strip()
-        if (path / MARKER).exists():
-            return path
-    done = sorted(p for p in ckpt_dir.glob("step_*") if (p / MARKER).exists())
+    try:
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        name = ""  # a damaged pointer: fall back to the newest complete checkpoint
+    if STEP_DIR.fullmatch(name) and is_checkpoint_dir(ckpt_dir / name):
+        return ckpt_dir / name
+    done = sorted((p for p in ckpt_dir.glob("step_*") if is_checkpoint_dir(p)),
+                  key=lambda p: int(p.name.removeprefix("step_")))
     if not done:
         raise UpslopeError(f"train.resume=latest: no complete checkpoint in {ckpt_dir}")
     return done[-1]
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / "trainer.pt", weights_only=False)
+    """The trainer state of a checkpoint; a missing, truncated or corrupt trainer.pt is one line."""
+    file = path / "trainer.pt"
+    if not file.is_file():
+        raise UpslopeError(f"{file}: missing; {path} is not a complete checkpoint")
+    try:
+        state = torch.load(file, weights_only=False)
+    except Exception as exc:  # torch raises many types for a damaged file (pickle, zip, EOF)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UpslopeError(f"{file}: cannot read the trainer state, the file is damaged ({first[:160]})") from None
+    if not isinstance(state, dict) or not {"step", "optimizer", "scheduler", "rng"} <= set(state):
+        raise UpslopeError(f"{file}: not an upslope trainer state (expected step, optimizer, scheduler, rng)")
+    return state
+
+
+def check_resume(path: Path, step: int, steps: int) -> None:
+    """A checkpoint at or past train.steps leaves nothing to train: one line instead of a run
+    that does nothing."""
+    if step >= steps:
+        raise UpslopeError(f"train.resume={path}: the checkpoint is at step {step}, and train.steps={steps} "
+                           f"leaves nothing to train (raise train.steps)")
 
 
 def load_model_weights(model: Any, path: Path) -> None:
@@ -106,8 +168,21 @@ def load_model_weights(model: Any, path: Path) -> None:
         lora.load_adapter(model, path / "model")
         return
     state: dict[str, torch.Tensor] = {}
-    for f in sorted((path / "model").glob("*.safetensors")):
-        state.update(load_file(f))
+    files = sorted((path / "model").glob("*.safetensors"))
+    if not files:
+        raise UpslopeError(f"{path / 'model'}: no .safetensors weights; not a complete checkpoint")
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except Exception as exc:  # safetensors: truncated / corrupt header
+            raise UpslopeError(f"{f}: cannot read the weights, the file is damaged or truncated "
+                               f"({str(exc).splitlines()[0][:160]})") from None
+    own = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    if wrong:
+        k = wrong[0]
+        raise UpslopeError(f"{path}: checkpoint is of another model: {k} has shape {tuple(state[k].shape)}, this "
+                           f"model's is {tuple(own[k].shape)} (resume with the model.name that wrote it)")
     missing, unexpected = model.load_state_dict(state, strict=False)
     real_missing = [m for m in missing if not m.endswith("lm_head.weight")]
     if real_missing or unexpected:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from upslope.errors import UpslopeError
 
-USAGE = """upslope COMMAND [RECIPE.yaml] [key=value ...]
+USAGE = """usage: upslope COMMAND [RECIPE.yaml] [key=value ...]
 
 commands:
   train    [RECIPE] [overrides]   train a policy (default: GRPO on one-digit multiplication)
@@ -16,7 +16,10 @@ commands:
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
-  export   CHECKPOINT OUT_DIR     write a checkpoint as a Hugging Face model (a LoRA adapter merged in)
+  export   CHECKPOINT OUT_DIR [--force]
+                                 write a checkpoint as a Hugging Face model (a LoRA adapter merged in);
+                                 OUT_DIR must be new or empty (--force: replace it, never a directory
+                                 holding the checkpoint or the current directory)
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
   plugins  [KIND] [--markdown] [plugins=[mod,file.py]]
@@ -24,6 +27,28 @@ commands:
 
 overrides are dotted keys, e.g.  model.name=/path/to/model  eval.n=8  eval.k=[1,8]
 """
+
+
+HELP = ("-h", "--help", "help")
+
+
+def one_line(text: str) -> str:
+    """An error message as one line (a library's multi-line message is joined)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _quiet_libraries() -> None:
+    """No download/loading progress bars or library warnings on stderr: the CLI's own messages
+    (and its one error line) are all a user sees there."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 def _split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -40,21 +65,29 @@ def _split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv or any(a in HELP for a in argv[:2]):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
     debug = os.environ.get("UPSLOPE_DEBUG") == "1"
+    if not debug:
+        _quiet_libraries()
     try:
         return _dispatch(command, rest)
     except UpslopeError as exc:
         if debug:
             raise
-        print(f"upslope: error: {exc}", file=sys.stderr)
+        print(f"upslope: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed
         sys.stderr.close()
         return 0
+    except OSError as exc:  # the file system refused: full disk, read-only, a file in the path
+        if debug or exc.errno is None:
+            raise
+        print(f"upslope: error: {exc.filename or 'a file'}: {exc.strerror} (files saved before are unchanged)",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("upslope: interrupted", file=sys.stderr)
         return 130
@@ -85,7 +118,10 @@ def _plugins_command(rest: list[str]) -> int:
 
 
 def _dispatch(command: str, rest: list[str]) -> int:
+    from pathlib import Path
+
     from upslope.config import describe_options, dump, load_config
+    from upslope.fsutil import check_run_dir
 
     if command == "plugins":
         return _plugins_command(rest)
@@ -103,21 +139,25 @@ def _dispatch(command: str, rest: list[str]) -> int:
         recipe, overrides = _split_args(rest)
         from upslope.eval.cli import run_eval_command
 
-        return run_eval_command(load_config(recipe, overrides))
+        cfg = load_config(recipe, overrides)
+        check_run_dir(Path(cfg.run_dir), resuming=True)
+        return run_eval_command(cfg)
     from upslope.train.api import TRAINERS, run_trainer
 
     if command in TRAINERS:
         recipe, overrides = _split_args(rest)
-        run_trainer(command, load_config(recipe, overrides))
+        cfg = load_config(recipe, overrides)
+        check_run_dir(Path(cfg.run_dir), resuming=bool(cfg.train.resume))
+        run_trainer(command, cfg)
         return 0
     if command == "export":
-        if len(rest) != 2 or any("=" in a for a in rest):
-            raise UpslopeError("usage: upslope export CHECKPOINT_DIR OUT_DIR")
-        from pathlib import Path
-
+        force = "--force" in rest
+        paths = [a for a in rest if a != "--force"]
+        if len(paths) != 2 or any("=" in a or a.startswith("-") for a in paths):
+            raise UpslopeError("usage: upslope export CHECKPOINT_DIR OUT_DIR [--force]")
         from upslope.lora import export
 
-        out, merged = export(Path(rest[0]), Path(rest[1]))
+        out, merged = export(Path(paths[0]), Path(paths[1]), force=force)
         print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
               f"use it as model.name={out}")
         return 0

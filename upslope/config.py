@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, UpslopeError
 
 
 class Section(BaseModel):
@@ -148,6 +148,8 @@ class OptimConfig(Section):
         "auto", "AdamW moments' dtype (auto: int8 with bf16 weights, float32 with fp32 weights; int8: block-wise "
                 "8-bit, log scale; bf16 weights are updated with stochastic rounding)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", ge=0)
+    max_nonfinite_steps: int = opt(3, "optimiser steps with a NaN/inf gradient norm are skipped (weights and state "
+                                      "untouched); this many in a row stop the run", ge=1)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0)
     schedule: Literal["constant", "cosine", "linear"] = opt("constant", "learning-rate schedule after warmup")
     min_lr_ratio: float = opt(0.0, "cosine/linear: final lr as a fraction of the peak", ge=0, le=1)
@@ -388,10 +390,14 @@ def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"{path}: recipe file not found")
+    from upslope.fsutil import read_text_file
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = read_text_file(path, "recipe file")
+    except UpslopeError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -401,6 +407,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if isinstance(data.get("plugins"), list):  # plugin files are relative to the recipe naming them
         data["plugins"] = _absolute_plugin_files(data["plugins"], path.parent)
     base = data.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be the path of a recipe file, got {base!r}")
     if base:
         base_path = (path.parent / base).resolve()
         if base_path in seen:

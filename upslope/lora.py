@@ -142,14 +142,45 @@ def checkpoint_model_dir(path: Path) -> Path:
     raise UpslopeError(f"{path}: not a checkpoint (expected RUN/checkpoints/step_N or its model/ directory)")
 
 
-def export(checkpoint: Path, out_dir: Path) -> tuple[Path, bool]:
+def export(checkpoint: Path, out_dir: Path, force: bool = False) -> tuple[Path, bool]:
     """`upslope export`: a checkpoint as a plain Hugging Face model directory (adapter merged into
-    its base; a full-model checkpoint copied). Returns (out_dir, whether it was an adapter)."""
+    its base; a full-model checkpoint copied). Returns (out_dir, whether it was an adapter).
+    The model is built in a temp directory beside `out_dir` and renamed into place, so nothing
+    is written unless it succeeds; a non-empty `out_dir` is replaced only with `force`."""
+    if not checkpoint.exists():
+        raise UpslopeError(f"{checkpoint}: checkpoint not found (expected RUN/checkpoints/step_N)")
     src = checkpoint_model_dir(checkpoint)
-    if out_dir.resolve() == src.resolve():
-        raise UpslopeError(f"export: the output directory {out_dir} is the checkpoint itself")
+    check_export_target(src, out_dir, force)
     if is_adapter_dir(src):
-        return merge_adapter(src, out_dir), True
-    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
+        return merge_adapter(src, out_dir, replace=force), True
+    with atomic_directory(out_dir, prefix=f".{out_dir.resolve().name}-", replace=force) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
     return out_dir, False
+
+
+def check_export_target(src: Path, out_dir: Path, force: bool) -> None:
+    """Refuse (one line) any target whose replacement could lose something: a non-empty
+    directory without `force`; with it, still never a file, the checkpoint itself or a
+    directory holding it (e.g. its run), the current directory or one above it, or /."""
+    from upslope.fsutil import is_empty_dir
+
+    target, source, cwd = out_dir.resolve(), src.resolve(), Path.cwd().resolve()
+    for p in [out_dir, *out_dir.parents]:
+        if p.exists() or p.is_symlink():
+            if p.is_symlink() or not p.is_dir():
+                kind = "a link" if p.is_symlink() else "a file"
+                raise UpslopeError(f"export: {p} is {kind}{'' if p == out_dir else ' (in the output path)'}; "
+                                   f"give a new or empty directory as OUT_DIR")
+            break
+    if not out_dir.exists() or is_empty_dir(out_dir):
+        return
+    if not force:
+        raise UpslopeError(f"export: {out_dir} is not empty; give a new or empty directory "
+                           f"(or --force to replace it)")
+    if target == source or target in source.parents:
+        raise UpslopeError(f"export: {out_dir} holds the checkpoint {src}; not replacing it, even with --force")
+    if target == cwd or target in cwd.parents:
+        raise UpslopeError(f"export: {out_dir} is the current directory or above it; not replacing it, "
+                           f"even with --force")
+    if target == Path(target.anchor) or target == Path.home().resolve():
+        raise UpslopeError(f"export: {out_dir} is / or the home directory; not replacing it, even with --force")

@@ -30,8 +30,10 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(root)
 
 
-def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print) -> str:
-    """A local directory holding an HF model (config, safetensors, tokenizer) for `name`."""
+def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print,
+                  option: str = "model.name") -> str:
+    """A local directory holding an HF model (config, safetensors, tokenizer) for `name`; errors
+    name `option`, the setting that gave it."""
     if name in EMBEDDED:
         module, filename, install = EMBEDDED[name]
         spec = importlib.util.find_spec(module)
@@ -41,6 +43,7 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
         return str(_converted(gguf, cache_root(cache_dir) / "models" / name, announce))
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        check_gguf(path)
         key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:12]
         return str(_converted(path, cache_root(cache_dir) / "models" / f"{path.stem}-{key}", announce))
     if path.is_dir():
@@ -49,20 +52,21 @@ def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None
         if (path / ADAPTER_CONFIG).exists():  # a LoRA checkpoint: merged once, cached
             return str(merged_cache(path, cache_root(cache_dir), announce))
         if (path / "config.json").exists():
+            check_model_dir(path)
             return str(path)
         ggufs = sorted(path.glob("*.gguf"))
         if gguf_file:
-            return resolve_model(str(path / gguf_file), None, cache_dir, announce)
+            return resolve_model(str(path / gguf_file), None, cache_dir, announce, option)
         if len(ggufs) == 1:
-            return resolve_model(str(ggufs[0]), None, cache_dir, announce)
-        raise ModelError(f"model.name={name}: directory has no config.json"
+            return resolve_model(str(ggufs[0]), None, cache_dir, announce, option)
+        raise ModelError(f"{option}={name}: directory has no config.json"
                          + (f" and {len(ggufs)} GGUF files: set model.gguf_file" if ggufs else ""))
     if path.exists() or name.startswith((".", "/", "~")):
-        raise ModelError(f"model.name={name}: not a model directory or .gguf file")
-    return _from_hub(name)
+        raise ModelError(f"{option}={name}: not a model directory or .gguf file")
+    return _from_hub(name, option)
 
 
-def _from_hub(model_id: str) -> str:
+def _from_hub(model_id: str, option: str = "model.name") -> str:
     """Download (or find in the HF cache) a hub model; fail in one line when offline."""
     try:
         from huggingface_hub import snapshot_download
@@ -74,8 +78,8 @@ def _from_hub(model_id: str) -> str:
     except Exception as exc:
         reason = type(exc).__name__
         raise ModelError(
-            f"model.name={model_id}: not a local path, and the Hugging Face hub could not be reached ({reason}); "
-            f"download it where a hub is reachable and pass model.name=/path/to/model_dir") from None
+            f"{option}={model_id}: not a local path, and the Hugging Face hub could not be reached ({reason}); "
+            f"download it where a hub is reachable and pass {option}=/path/to/model_dir") from None
 
 
 def _converted(gguf: Path, target: Path, announce: Any) -> Path:
@@ -86,10 +90,15 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
         raise ModelError(f"GGUF file not found: {gguf}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(gguf)
+    check_gguf_header(gguf)
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
-    with atomic_directory(target, prefix=".convert-") as tmp:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with atomic_directory(target, prefix=".convert-", replace=True) as tmp:  # our own cache entry
+        try:
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:  # the GGUF reader raises many types for a damaged file
+            raise ModelError(f"{gguf}: not a readable GGUF model ({_first_line(exc)})") from None
         model.hf_quantizer = None  # GGUF weights are dequantized already; allow saving
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -99,7 +108,7 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
     return target
 
 
-def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
+def merge_adapter(adapter_dir: Path, out_dir: Path, replace: bool = False) -> Path:
     """Write base model + adapter, merged, as a plain Hugging Face model directory with the
     tokenizer saved beside the adapter (atomic: a temp directory renamed into place)."""
     from peft import PeftModel
@@ -113,7 +122,7 @@ def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir if (adapter_dir / "tokenizer_config.json").exists()
                                                   else resolve_model(base_name)))
-    with atomic_directory(out_dir, prefix=f".{out_dir.name}-") as tmp:
+    with atomic_directory(out_dir, prefix=f".{out_dir.name}-", replace=replace) as tmp:
         merged.to(dtype).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
@@ -127,8 +136,90 @@ def merged_cache(adapter_dir: Path, cache: Path, announce: Any = print) -> Path:
     target = cache / "models" / f"merged-{key}"
     if not (target / "config.json").exists():
         announce(f"merging the LoRA adapter {adapter_dir} into its base model: {target} (once) ...")
-        merge_adapter(adapter_dir, target)
+        merge_adapter(adapter_dir, target, replace=True)  # our own cache entry
     return target
+
+
+GGUF_MAGIC = b"GGUF"
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def check_gguf(path: Path) -> None:
+    """A GGUF file starts with the magic bytes and a header; an empty, truncated or foreign file
+    is one ModelError line before any conversion starts."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(24)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read the GGUF file ({exc.strerror})") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    if len(head) < 24:
+        raise ModelError(f"{path}: GGUF file is truncated ({path.stat().st_size} bytes)")
+
+
+def check_gguf_header(path: Path) -> None:
+    """The GGUF metadata and tensor table read cleanly and name an architecture (a few seconds:
+    done only before a conversion)."""
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path)).fields
+    except Exception as exc:  # the reader raises many types for a damaged header or tensor table
+        raise ModelError(f"{path}: damaged or truncated GGUF file ({_first_line(exc)})") from None
+    if "general.architecture" not in fields:
+        raise ModelError(f"{path}: GGUF file has no general.architecture (not a model, or damaged)")
+
+
+def check_model_dir(path: Path) -> None:
+    """A model directory needs a readable config.json (a JSON object with model_type) and weights;
+    what is missing or broken is one ModelError line naming the file (a missing tokenizer is
+    reported where it is loaded)."""
+    import json
+
+    cfg_file = path / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{cfg_file}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{cfg_file}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ModelError(f"{cfg_file}: expected a JSON object with a 'model_type' (a Hugging Face model config)")
+    if not any(any(path.glob(p)) for p in WEIGHT_PATTERNS):
+        raise ModelError(f"model directory {path}: has config.json but no weights (*.safetensors or *.bin)")
+
+
+def read_chat_template(value: str) -> str:
+    """model.chat_template as Jinja text: a file when it names one (or looks like a path), else the
+    text itself; a missing file, a directory, binary text or a Jinja syntax error is one line."""
+    from upslope.errors import ConfigError
+    from upslope.fsutil import read_text_file
+
+    p = Path(value).expanduser()
+    looks_like_path = "{" not in value and ("/" in value or p.suffix in (".jinja", ".j2", ".txt", ".tmpl"))
+    source = f"model.chat_template={value}"
+    if p.exists() or looks_like_path:
+        try:
+            text = read_text_file(p, "chat template file (model.chat_template)")
+        except UpslopeError as exc:
+            raise ConfigError(str(exc)) from None
+        source = str(p)
+    else:
+        text = value
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{source}: chat template syntax error at line {exc.lineno}: {exc.message} "
+                          f"(model.chat_template)") from None
+    return text
 
 
 @dataclass
@@ -142,10 +233,13 @@ def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
     """Tokenizer with a pad token and (optionally) a replacement chat template."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # missing/corrupt tokenizer files raise many types
+        raise ModelError(f"{path}: no usable tokenizer in this model directory ({_first_line(exc)})") from None
     if chat_template:
-        p = Path(chat_template)
-        tok.chat_template = p.read_text() if p.exists() else chat_template
+        tok.chat_template = read_chat_template(chat_template)
+    _set_context_length(tok, path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -156,9 +250,24 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model at {path} could not be loaded: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # corrupt weights or config raise many types (OSError, SafetensorError, ...)
+        raise ModelError(f"model at {path} could not be loaded: {_first_line(exc)}") from None
     return model
+
+
+def _set_context_length(tok: Any, path: str) -> None:
+    """Tell the tokenizer the model's context (config max_position_embeddings) when its own
+    model_max_length is the 'unlimited' placeholder, so over-long prompts can be caught."""
+    import json
+
+    if getattr(tok, "model_max_length", 0) and tok.model_max_length < 10**8:
+        return
+    try:
+        ctx = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(ctx, int) and ctx > 0:
+        tok.model_max_length = ctx
 
 
 def stop_token_ids(tokenizer: Any, model_path: str | None = None) -> list[int]:
@@ -195,7 +304,7 @@ def make_tiny_model(source_path: str, target: str | Path, layers: int = 2, hidde
     cfg.head_dim = 64
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with atomic_directory(target, prefix=".tiny-") as tmp:
+    with atomic_directory(target, prefix=".tiny-") as tmp:  # never replaces a non-empty directory
         model.save_pretrained(tmp, safe_serialization=True)
         load_tokenizer(source_path).save_pretrained(tmp)
     return str(target)

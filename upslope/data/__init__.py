@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from upslope.data.sources import read_records, records_to_examples
+from upslope.data.sources import apply_template, read_records, records_to_examples
 from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
 from upslope.registry import TASKS
@@ -26,8 +26,8 @@ def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example
         examples = fn()
         if cfg.template != "{prompt}":
             for ex in examples:
-                if isinstance(ex.prompt, str):
-                    ex.prompt = cfg.template.format(prompt=ex.prompt)
+                if isinstance(ex.prompt, str):  # a built-in task's records have only the prompt
+                    ex.prompt = apply_template(cfg.template, ex.prompt, {}, f"task {cfg.task}")
         if cfg.limit:
             examples = examples[: cfg.limit]
     if not examples:

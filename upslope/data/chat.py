@@ -20,9 +20,13 @@ from typing import Any, Sequence
 from upslope.errors import DataError
 
 
-def render(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
-    """The text of `messages` through the tokenizer's chat template."""
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+def render(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool,
+           where: str = "conversation") -> str:
+    """The text of `messages` through the tokenizer's chat template (a failing template is one
+    DataError line)."""
+    from upslope.data.prompts import render_chat
+
+    return render_chat(tokenizer, messages, generation_prompt, where)
 
 
 def assistant_mask(messages: Sequence[dict[str, Any]], tokenizer: Any, stop_ids: Sequence[int],

@@ -11,23 +11,42 @@ def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt
                    use_chat_template: bool = True, max_prompt_tokens: int | None = None,
                    drop_long: bool = False) -> tuple[list[list[int]], list[int]]:
     """Token ids of each prompt, and the indices of the examples kept. A prompt longer than
-    `max_prompt_tokens` is an error naming it, or is dropped when `drop_long`."""
+    `max_prompt_tokens` or than the model's context (the tokenizer's model_max_length) is an
+    error naming it, or is dropped when `drop_long`."""
     ids: list[list[int]] = []
     kept: list[int] = []
+    context = getattr(tokenizer, "model_max_length", None)
+    context = context if isinstance(context, int) and 0 < context < 10**8 else None
     for i, ex in enumerate(examples):
+        where = ex.meta.get("source", f"example {ex.id or i}")
         if use_chat_template and getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(ex.messages(system_prompt), tokenize=False,
-                                                 add_generation_prompt=True)
+            text = render_chat(tokenizer, ex.messages(system_prompt), True, where)
         else:
             msgs = ex.messages(system_prompt)
             text = "\n\n".join(m["content"] for m in msgs)
         toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if context is not None and len(toks) >= context:
+            if drop_long:
+                continue
+            raise DataError(f"{where}: prompt has {len(toks)} tokens, at or over the model's context of {context} "
+                            f"tokens (shorten it, or set rollout.drop_long_prompts=true to drop such prompts)")
         if max_prompt_tokens is not None and len(toks) > max_prompt_tokens:
             if drop_long:
                 continue
-            where = ex.meta.get("source", f"example {ex.id or i}")
             raise DataError(f"{where}: prompt has {len(toks)} tokens, over rollout.max_prompt_tokens="
                             f"{max_prompt_tokens} (raise it or set rollout.drop_long_prompts=true)")
         ids.append(list(toks))
         kept.append(i)
     return ids, kept
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool, where: str) -> str:
+    """The chat template applied to `messages`; a template that fails on them (a Jinja error,
+    `raise_exception`) is one DataError line naming the example and model.chat_template."""
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    except (jinja2.TemplateError, TypeError, ValueError) as exc:
+        raise DataError(f"{where}: the chat template failed on this conversation ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); check model.chat_template") from None

@@ -24,27 +24,59 @@ def read_records(path: str | Path, split: str | None = None) -> Iterator[tuple[s
     elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
         yield from _read_jsonl(p)
     elif name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        for i, rec in enumerate(pq.read_table(p).to_pylist()):
-            yield f"{p}:row {i + 1}", rec
+        yield from _read_parquet(p)
     else:
         raise DataError(f"{p}: unknown data format (expected .jsonl, .jsonl.gz, .parquet or a dataset directory)")
 
 
+def _read_parquet(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{p}: not a valid Parquet file ({str(exc).splitlines()[0][:160]})") from None
+    for i, rec in enumerate(rows):
+        if not isinstance(rec, dict):  # pragma: no cover - pyarrow rows are dicts
+            raise DataError(f"{p}:row {i + 1}: expected a record")
+        yield f"{p}:row {i + 1}", rec
+
+
 def _read_jsonl(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    opener = gzip.open if p.name.endswith(".gz") else open
-    with opener(p, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(rec, dict):
-                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            yield f"{p}:{lineno}", rec
+    """Records of a JSON-lines file (gzipped when it ends in .gz); a binary, non-UTF-8 or damaged
+    file is one DataError line naming the file and line."""
+    import zlib
+
+    lineno = 0
+    try:
+        with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                rec = _jsonl_record(p, lineno, raw)
+                if rec is not None:
+                    yield f"{p}:{lineno}", rec
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataError(f"{p}: not a valid gzip file (at line {lineno + 1}: {exc})") from None
+
+
+def _jsonl_record(p: Path, lineno: int, raw: bytes) -> dict[str, Any] | None:
+    """One line's JSON object (None for a blank line), or a DataError naming file:line."""
+    if b"\x00" in raw:
+        raise DataError(f"{p}:{lineno}: binary data (a NUL byte); expected UTF-8 JSON lines")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                        f"expected UTF-8 JSON lines") from None
+    if not line.strip():
+        return None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{p}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(rec, dict):
+        raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+    return rec
 
 
 def _read_hf_dir(p: Path, split: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -112,10 +144,14 @@ def records_to_examples(
     return out
 
 
-def apply_template(template: str, prompt: str, record: dict[str, Any], where: str) -> str:
+def apply_template(template: str, prompt: str, record: dict[str, Any], where: str,
+                   option: str = "data.template") -> str:
+    """`template` with {prompt} and the record's fields filled in; a field the record lacks or a
+    malformed template is one DataError line naming `where` and `option`."""
     try:
         return template.format(prompt=prompt, **{k: v for k, v in record.items() if k != "prompt"})
     except KeyError as exc:
-        raise DataError(f"{where}: data.template refers to field {exc} that the record lacks") from None
-    except (IndexError, ValueError) as exc:
-        raise DataError(f"data.template: {exc} (use {{prompt}} and record field names in braces)") from None
+        fields = ", ".join(["prompt", *(k for k in record if k != "prompt")])
+        raise DataError(f"{where}: {option} refers to field {exc} that the record lacks (fields: {fields})") from None
+    except (IndexError, ValueError, AttributeError) as exc:
+        raise DataError(f"{option}={template!r}: {exc} (use {{prompt}} and record field names in braces)") from None

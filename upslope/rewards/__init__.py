@@ -79,8 +79,8 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
 
 def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: Sequence[Any],
           metas: Sequence[dict[str, Any]], fallback: float = 0.0) -> RewardResult:
-    """Run every reward on every completion. A reward that raises or returns NaN gives the
-    sample `fallback` and is counted; the run goes on."""
+    """Run every reward on every completion. A reward that raises or returns NaN or inf gives
+    the sample `fallback` and is counted; the run goes on."""
     n = len(completions)
     comps: dict[str, list[float]] = {}
     weights: dict[str, float] = {}
@@ -94,7 +94,7 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             v = float(value)
         except (TypeError, ValueError):
             v = math.nan
-        if math.isnan(v):
+        if not math.isfinite(v):  # NaN or +-inf: one such value would make every weight NaN
             failures[name] = failures.get(name, 0) + 1
             errors.setdefault(name, f"returned {value!r}")
             v = fallback

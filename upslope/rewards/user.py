@@ -20,24 +20,41 @@ def load_user_function(ref: str) -> Callable[..., Any]:
         path = Path(target).expanduser()
         if not path.exists():
             raise ConfigError(f"reward '{ref}': file {path} not found")
+        if not path.is_file():
+            raise ConfigError(f"reward '{ref}': {path} is not a file")
         mod_name = f"upslope_user_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as exc:
+        except SyntaxError as exc:
+            sys.modules.pop(mod_name, None)
+            raise ConfigError(f"{path}:{exc.lineno or 1}: reward module has a SyntaxError: {exc.msg} "
+                              f"(reward '{ref}')") from None
+        except (Exception, SystemExit) as exc:
+            sys.modules.pop(mod_name, None)
             raise ConfigError(f"reward '{ref}': importing {path} failed: {type(exc).__name__}: {exc}") from None
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise ConfigError(f"reward '{ref}': cannot import module '{target}' ({exc})") from None
+        except SyntaxError as exc:
+            raise ConfigError(f"{exc.filename}:{exc.lineno or 1}: reward module has a SyntaxError: {exc.msg} "
+                              f"(reward '{ref}')") from None
+        except (Exception, SystemExit) as exc:
+            raise ConfigError(f"reward '{ref}': importing module '{target}' failed: "
+                              f"{type(exc).__name__}: {exc}") from None
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise ConfigError(f"reward '{ref}': module has no function '{name}'")
-    params = [p for p in inspect.signature(fn).parameters.values()
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ConfigError(f"reward '{ref}': '{name}' is not a function with a signature") from None
+    params = [p for p in signature.parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) < 1:
+    if len(params) < 1 and not any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
         raise ConfigError(f"reward '{ref}': expected signature fn(completion, answer, meta) -> float")
     return fn

@@ -10,6 +10,8 @@ import torch
 from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.batch import Batch, micro_batch_indices
 from upslope.config import Config
+from upslope.models import resolve_model
+from upslope.train.finite import NonFiniteGuard
 
 
 class Critic(torch.nn.Module):
@@ -18,7 +20,7 @@ class Critic(torch.nn.Module):
         from transformers import AutoModel
 
         self.cfg = cfg
-        path = cfg.critic.model or model_path
+        path = resolve_model(cfg.critic.model, option="critic.model") if cfg.critic.model else model_path
         self.body = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
         self.head = torch.nn.Linear(self.body.config.hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
@@ -26,6 +28,7 @@ class Critic(torch.nn.Module):
         self.to(device)
         self.device = device
         self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.critic.lr, foreach=True)
+        self.nonfinite = NonFiniteGuard(cfg.optim.max_nonfinite_steps)
 
     def forward(self, mb: Batch) -> torch.Tensor:
         """[n, L] values aligned to tokens: values[:, t] = V(state choosing token t)."""
@@ -63,9 +66,11 @@ class Critic(torch.nn.Module):
             total += float(loss.detach())
         gc = self.cfg.critic.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gc if gc > 0 else float("inf"))
-        self.optimizer.step()
+        if not self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"critic/loss": total, "critic/grad_norm": float(norm),
+                "critic/nonfinite_skipped": self.nonfinite.take(),
                 "critic/clip_frac": clipped / max(norms["num_tokens"], 1.0)}
 
     def state(self) -> dict[str, Any]:

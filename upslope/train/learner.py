@@ -16,6 +16,7 @@ from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config
 from upslope.models import load_model
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
+from upslope.train.finite import NonFiniteGuard
 from upslope.train.logprobs import HeadOutput, same_prompt_within_groups, token_scores
 from upslope.train.memory import use_lean_activations
 from upslope.train.optim import make_optimizer, make_scheduler
@@ -59,6 +60,7 @@ class Learner:
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim, seed=cfg.train.seed)
         total = cfg.train.steps * cfg.train.updates_per_batch * cfg.train.epochs_per_batch
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, total)
+        self.nonfinite = NonFiniteGuard(cfg.optim.max_nonfinite_steps)
         self.temperature = cfg.rollout.temperature or 1.0
 
     def load_reference(self) -> None:
@@ -204,6 +206,8 @@ class Learner:
                         p.grad = torch.zeros_like(p)
             clip = self.cfg.optim.grad_clip
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+            if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
+                continue
             sums["grad_norm"] += float(norm)
             sums["updates"] += 1
             self.optimizer.step()
@@ -213,7 +217,8 @@ class Learner:
         updates = max(sums.pop("updates", 0.0), 1.0)
         skipped, rows = sums.pop("rows_skipped", 0.0), sums.pop("rows", 0.0)
         out = {"loss": sums.pop("loss", 0.0) / updates, "grad_norm": sums.pop("grad_norm", 0.0) / updates,
-               "lr": self.scheduler.get_last_lr()[0], "learner/tokens": sums.pop("forwarded", 0.0)}
+               "lr": self.scheduler.get_last_lr()[0], "learner/tokens": sums.pop("forwarded", 0.0),
+               "learner/nonfinite_skipped": self.nonfinite.take()}
         if skip is not None:
             out["learner/rows_skipped_frac"] = skipped / max(skipped + rows, 1.0)
         if tokens:  # per-token means over the forwarded rows (none when every row was skipped)

@@ -180,6 +180,7 @@ class BaseTrainer:
 
     def _resume(self, path: Path) -> None:
         state = ckpt.load_trainer_state(path)
+        ckpt.check_resume(path, int(state["step"]), self.cfg.train.steps)
         ckpt.load_model_weights(self.learner.model, path)
         self.learner.optimizer.load_state_dict(state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])

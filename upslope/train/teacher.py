@@ -10,7 +10,7 @@ import torch
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config
-from upslope.errors import ConfigError, UpslopeError
+from upslope.errors import ConfigError, ModelError, UpslopeError
 from upslope.models import load_model, load_tokenizer, resolve_model
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class Teacher:
         if d.teacher != SELF:
             try:
                 teacher_tokenizer = load_tokenizer(self.path)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, ModelError) as exc:
                 raise ConfigError(f"distill.teacher={self.spec}: its tokenizer could not be loaded from {self.path} "
                                   f"({str(exc).splitlines()[0]})") from None
             check_same_vocab(student_tokenizer, teacher_tokenizer, self.spec)
