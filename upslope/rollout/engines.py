@@ -32,21 +32,24 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
 
 
 def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
-                kv_tokens: int = 0) -> Engine:
+                kv_tokens: int = 0, threads: int = 0) -> Engine:
     """The configured engine; `kv_tokens` (one rollout batch's tokens) sizes vLLM's CPU KV cache
-    unless engine.kv_cache_gb is set."""
+    unless engine.kv_cache_gb is set (at most 1 GiB or 1/16 of memory); `threads` > 0 fixes the
+    thread count, 0 fits it to the free cores before each generation."""
+    from upslope.hardware import machine_defaults
+
     name = engine_name(cfg)
+    dtype = cfg.dtype if cfg.dtype != "auto" else machine_defaults().engine_dtype
     if name == "vllm":
         from upslope.rollout.vllm import VLLMEngine
 
-        dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
         max_len = cfg.max_model_len or max_model_len
         kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(model_path, max(kv_tokens, max_len),
-                                                   dtype_bytes=4 if dtype == "float32" else 2)
+                                                   dtype_bytes=4 if dtype == "float32" else 2,
+                                                   max_gb=machine_defaults().kv_cache_max_gb)
         return VLLMEngine(model_path, tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                          max_model_len=max_len, seed=cfg.seed)
+                          max_model_len=max_len, seed=cfg.seed, threads=threads)
     from upslope.rollout.hf import HFEngine
 
-    return HFEngine(model_path, tokenizer, dtype=model_dtype if cfg.dtype == "auto" else cfg.dtype,
-                    batch_size=cfg.hf_batch_size)
+    return HFEngine(model_path, tokenizer, dtype=dtype, batch_size=cfg.hf_batch_size, threads=threads)

