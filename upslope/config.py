@@ -309,6 +309,12 @@ class Config(Section):
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
 
+    def __eq__(self, other: object) -> bool:
+        """Equal options are equal configs, however they were reached (`auto` or written out)."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
     def auto_choices(self) -> dict[str, Any]:
         """{dotted key: value} for each option this config left at `auto` and the machine decided."""
         return dict(self._auto)

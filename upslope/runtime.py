@@ -21,9 +21,9 @@ class Runtime:
 
     @classmethod
     def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
-        announce_hardware(cfg, announce)
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
         tok = load_tokenizer(path, cfg.model.chat_template)
+        announce_hardware(cfg, announce)  # after the model: a bad model name is the only line then
         return cls(cfg, path, tok, stop_token_ids(tok, path))
 
     @property
