@@ -56,8 +56,8 @@ class ModelConfig(Section):
 class EngineConfig(Section):
     name: Literal["auto", "vllm", "hf"] = opt("auto", "rollout engine: vllm if importable, else hf")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
-        "auto", "engine dtype (auto: bfloat16 where this machine computes bf16 natively and measured faster, else "
-                "float32; see upslope doctor)")
+        "auto", "engine dtype (auto: vllm: bfloat16 where this machine computes bf16 natively and measured it "
+                "faster, else float32; hf: model.dtype; see upslope doctor)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
     kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
                                           "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB or "
@@ -341,7 +341,8 @@ def _resolve_auto(cfg: Config) -> dict[str, Any]:
 
     put("train.precision", d.precision)
     put("model.dtype", weights_dtype(cfg.train.precision, d.on_gpu))
-    put("engine.dtype", d.engine_dtype)
+    hf = (cfg.engine.name if cfg.engine.name != "auto" else d.engine_name) == "hf"
+    put("engine.dtype", cfg.model.dtype if hf else d.engine_dtype)  # the HF engine is a copy of the policy
     put("train.micro_batch_tokens", d.micro_batch_tokens)
     put("train.logprob_chunk", d.logprob_chunk)
     return applied

@@ -102,7 +102,7 @@ def choose_defaults(hw: Hardware) -> Defaults:
     why["model_dtype"] = ("fp32 master weights on a GPU" if hw.gpu_capability is not None else
                           "bf16 weights with bf16 precision" if bf16 else "fp32 weights with fp32 precision")
     engine_dtype = precision
-    why["engine_dtype"] = "same as precision"
+    why["engine_dtype"] = "vllm: same as precision; hf: the learner's weights dtype"
     engine_name = "vllm" if hw.vllm else "hf"
     why["engine_name"] = "vLLM is importable" if hw.vllm else "no vLLM build importable here: HF engine"
     state_dtype = "int8" if model_dtype == "bfloat16" else "float32"

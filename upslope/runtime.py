@@ -18,19 +18,21 @@ class Runtime:
     tokenizer: Any
     stop_ids: list[int]
     _engine: Engine | None = field(default=None, repr=False)
+    announce: Any = field(default=print, repr=False)
 
     @classmethod
     def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
         tok = load_tokenizer(path, cfg.model.chat_template)
-        announce_hardware(cfg, announce)  # after the model: a bad model name is the only line then
-        return cls(cfg, path, tok, stop_token_ids(tok, path))
+        return cls(cfg, path, tok, stop_token_ids(tok, path), announce=announce)
 
     @property
     def engine(self) -> Engine:
         if self._engine is None:
             from upslope.rollout.engines import make_engine
 
+            # when the run really starts (bad input has been reported by then, as the only line)
+            announce_hardware(self.cfg, self.announce)
             r = self.cfg.rollout
             max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
             batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)

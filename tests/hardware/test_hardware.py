@@ -163,6 +163,10 @@ def test_explicit_settings_win_over_auto():
     cfg = load_config(None, ["train.precision=float32", "engine.dtype=float16", "train.micro_batch_tokens=640",
                              "train.logprob_chunk=32"])
     assert (cfg.train.precision, cfg.model.dtype, cfg.engine.dtype) == ("float32", "float32", "float16")
+    hf = load_config(None, ["train.precision=float32", "engine.name=hf"])
+    assert hf.engine.dtype == "float32"  # the HF engine follows the learner's weights
+    if hardware.machine_defaults().engine_name == "vllm":
+        assert load_config(None, ["train.precision=float32"]).engine.dtype == hardware.machine_defaults().engine_dtype
     assert (cfg.train.micro_batch_tokens, cfg.train.logprob_chunk) == (640, 32)
     assert set(cfg.auto_choices()) == {"model.dtype"}  # derived from the explicit precision
     mixed = load_config(None, ["train.precision=bfloat16", "model.dtype=float32"])

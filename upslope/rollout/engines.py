@@ -39,7 +39,7 @@ def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype:
     from upslope.hardware import machine_defaults
 
     name = engine_name(cfg)
-    dtype = cfg.dtype if cfg.dtype != "auto" else machine_defaults().engine_dtype
+    dtype = cfg.dtype if cfg.dtype != "auto" else machine_defaults().engine_dtype if name == "vllm" else model_dtype
     if name == "vllm":
         from upslope.rollout.vllm import VLLMEngine
 
