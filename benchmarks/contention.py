@@ -82,7 +82,8 @@ def run_cell(workload: str, variant: str, busy: int, a: argparse.Namespace, work
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | busy processes | variant | tokens/s | s/step | wall s | status |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | busy processes | variant | tokens/s | s/step | wall s | status |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         tps = r.get("tokens_per_s", r.get("rollout_tokens_per_s", "-"))
         lines.append(f"| {r['workload']} | {r['busy']} | {r['variant']} | {tps} | {r.get('s_per_step', '-')} | "

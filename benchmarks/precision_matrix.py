@@ -80,25 +80,25 @@ def auto_choice() -> dict[str, str]:
     return {"engine": engine_name(cfg.engine), "engine_dtype": cfg.engine.dtype, "learner": learner}
 
 
+def compare(label: str, cells: list[dict[str, Any]], picked_name: str, key: str) -> str | None:
+    """One line: auto's cell against the best measured one (goal: within 10%)."""
+    cells = [r for r in cells if r.get("tokens_per_s")]
+    picked = next((r for r in cells if r[key] == picked_name), None)
+    if picked is None:
+        return None
+    best = max(cells, key=lambda r: r["tokens_per_s"])
+    ratio = picked["tokens_per_s"] / best["tokens_per_s"]
+    return (f"{label}: auto picked {picked[key]} ({picked['tokens_per_s']} tokens/s), best {best[key]} "
+            f"({best['tokens_per_s']}): {ratio:.0%} of best -> {'OK' if ratio >= 0.9 else 'MISS'}")
+
+
 def verdict(rows: list[dict[str, Any]], auto: dict[str, str]) -> list[str]:
     """Whether auto's engine dtype and learner precision are within 10% of the best measured cell."""
-    out = []
-    eng = [r for r in rows if r["kind"] == "engine" and r["engine"] == auto["engine"] and r.get("tokens_per_s")]
-    picked = next((r for r in eng if r["dtype"] == auto["engine_dtype"]), None)
-    if eng and picked:
-        best = max(eng, key=lambda r: r["tokens_per_s"])
-        ratio = picked["tokens_per_s"] / best["tokens_per_s"]
-        out.append(f"engine {auto['engine']}: auto picked {picked['dtype']} ({picked['tokens_per_s']} tokens/s), best "
-                   f"{best['dtype']} ({best['tokens_per_s']}): {ratio:.0%} of best -> {'OK' if ratio >= 0.9 else 'MISS'}")
-    lrn = [r for r in rows if r["kind"] == "learner" and r.get("tokens_per_s")]
-    picked = next((r for r in lrn if r["precision"] == auto["learner"]), None)
-    if lrn and picked:
-        best = max(lrn, key=lambda r: r["tokens_per_s"])
-        ratio = picked["tokens_per_s"] / best["tokens_per_s"]
-        out.append(f"learner: auto picked {picked['precision']} ({picked['tokens_per_s']} tokens/s), best "
-                   f"{best['precision']} ({best['tokens_per_s']}): {ratio:.0%} of best -> "
-                   f"{'OK' if ratio >= 0.9 else 'MISS'}")
-    return out
+    engine = [r for r in rows if r["kind"] == "engine" and r["engine"] == auto["engine"]]
+    learner = [r for r in rows if r["kind"] == "learner"]
+    lines = (compare(f"engine {auto['engine']}", engine, auto["engine_dtype"], "dtype"),
+             compare("learner", learner, auto["learner"], "precision"))
+    return [line for line in lines if line]
 
 
 def main() -> None:

@@ -106,7 +106,8 @@ def choose_defaults(hw: Hardware) -> Defaults:
     engine_name = "vllm" if hw.vllm else "hf"
     why["engine_name"] = "vLLM is importable" if hw.vllm else "no vLLM build importable here: HF engine"
     state_dtype = "int8" if model_dtype == "bfloat16" else "float32"
-    why["state_dtype"] = "8-bit moments with bf16 weights" if state_dtype == "int8" else "fp32 moments with fp32 weights"
+    why["state_dtype"] = ("8-bit moments with bf16 weights" if state_dtype == "int8"
+                          else "fp32 moments with fp32 weights")
     why["threads"] = "fitted at each rollout to the cores that are free (a busy core is left out)"
     if hw.gpu_capability is not None:
         micro, chunk, kv = (16384, 1024, 1.0) if hw.gpu_memory_gb >= 40 else (4096, 512, 1.0)
