@@ -6,8 +6,8 @@ For 0, 1 and 2 competing busy processes (`python -c "while True: pass"`, unpinne
 in a fresh subprocess through the command line:
   eval   upslope eval (default engine: vLLM when importable), eval.limit prompts: tokens/s
   train  upslope train for --steps steps, no evaluation: median seconds per step, rollout tokens/s
-Optional variant `passive`: the `before` thread count with OMP_WAIT_POLICY=PASSIVE (OpenMP threads
-sleep instead of spinning at barriers).
+Optional variants: `passive`, the `before` thread count with OMP_WAIT_POLICY=PASSIVE (OpenMP
+threads sleep instead of spinning at barriers); `after_passive`, both.
 
 A cell that runs past --timeout is reported as such (its speed is then below what the row shows).
 The busy processes start before each cell and are killed after it.
@@ -35,6 +35,7 @@ VARIANTS = {
     "before": lambda cores: ([f"train.threads={cores}"], {}),
     "after": lambda cores: (["train.threads=0"], {}),
     "passive": lambda cores: ([f"train.threads={cores}"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "after_passive": lambda cores: (["train.threads=0"], {"OMP_WAIT_POLICY": "PASSIVE"}),
 }
 
 

@@ -171,7 +171,7 @@ class TrainConfig(Section):
                                           "(their loss and gradient are exactly 0; needs no KL in the loss and "
                                           "no entropy bonus)")
     threads: int = opt(0, "torch threads (0: auto, fitted at each rollout to the cores that are free, so a core "
-                          "another process keeps busy is left out)", ge=0)
+                          "another process keeps busy is left out; with deterministic: every usable core)", ge=0)
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
     eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)

@@ -37,7 +37,7 @@ class Runtime:
             max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
             batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
             self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype,
-                                       max_len, kv_tokens=batch_tokens, threads=self.cfg.train.threads)
+                                       max_len, kv_tokens=batch_tokens, threads=engine_threads(self.cfg))
         return self._engine
 
     @property
@@ -49,6 +49,16 @@ class Runtime:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def engine_threads(cfg: Config) -> int:
+    """The engine's fixed thread count, or 0 to fit it to the free cores before each generation.
+    Deterministic runs keep one count (every usable core): the thread count changes reduction order."""
+    from upslope.hardware import usable_cores
+
+    if cfg.train.threads == 0 and cfg.train.deterministic:
+        return usable_cores()
+    return cfg.train.threads
 
 
 def announce_hardware(cfg: Config, announce: Any = print) -> None:
@@ -63,7 +73,8 @@ def announce_hardware(cfg: Config, announce: Any = print) -> None:
     if cfg.engine.name == "auto":
         applied["engine.name"] = d.engine_name
     if cfg.train.threads == 0:
-        applied["train.threads"] = f"free cores (now {hardware.free_cores()} of {hardware.usable_cores()})"
+        applied["train.threads"] = (f"{hardware.usable_cores()} (deterministic: fixed)" if cfg.train.deterministic
+                                    else f"free cores (now {hardware.free_cores()} of {hardware.usable_cores()})")
     announce(hardware.summary(d, applied))
     out = Path(cfg.run_dir) / "hardware.json"
     try:

@@ -235,6 +235,14 @@ def test_busy_cores_are_left_out_of_the_thread_count():
     assert 1 <= hardware.free_cores() <= len(allowed)
 
 
+def test_deterministic_runs_keep_one_thread_count():
+    from upslope.runtime import engine_threads
+
+    assert engine_threads(load_config()) == 0  # fitted to the free cores
+    assert engine_threads(load_config(None, ["train.deterministic=true"])) == len(os.sched_getaffinity(0))
+    assert engine_threads(load_config(None, ["train.deterministic=true", "train.threads=1"])) == 1
+
+
 # ---------------------------------------------------------------- upslope doctor
 
 
