@@ -20,6 +20,7 @@ commands:
                                  write a checkpoint as a Hugging Face model (a LoRA adapter merged in);
                                  OUT_DIR must be new or empty (--force: replace it, never a directory
                                  holding the checkpoint or the current directory)
+  doctor                         this machine, the engines that work here, and the defaults `auto` picks
   config show [RECIPE] [overrides]  print the resolved config
   config options                 list every option with its default and help
   plugins  [KIND] [--markdown] [plugins=[mod,file.py]]
@@ -135,6 +136,12 @@ def _dispatch(command: str, rest: list[str]) -> int:
         recipe, overrides = _split_args(rest[1:])
         print(dump(load_config(recipe, overrides)), end="")
         return 0
+    if command == "doctor":
+        if rest:
+            raise UpslopeError("usage: upslope doctor (it takes no arguments)")
+        from upslope.doctor import doctor
+
+        return doctor()
     if command == "eval":
         recipe, overrides = _split_args(rest)
         from upslope.eval.cli import run_eval_command
@@ -161,7 +168,7 @@ def _dispatch(command: str, rest: list[str]) -> int:
         print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
               f"use it as model.name={out}")
         return 0
-    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config', 'plugins'])}); "
+    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config', 'plugins', 'doctor'])}); "
                        f"see upslope --help")
 
 

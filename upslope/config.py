@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from upslope.errors import ConfigError, UpslopeError
 
@@ -48,8 +48,9 @@ class ModelConfig(Section):
     name: str = opt("smollm2-135m-instruct", "HF id, local directory, .gguf file, or 'smollm2-135m-instruct'")
     gguf_file: str | None = opt(None, "GGUF file name inside `name` when it is a directory of GGUF files")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
-        "auto", "learner weights' dtype (auto: bfloat16 when train.precision is bfloat16, so weights, gradients "
-                "and AdamW moments take 2 bytes each; float32 weights with bf16 precision: mixed, bf16 autocast)")
+        "auto", "learner weights' dtype (auto, on a CPU: bfloat16 when train.precision is bfloat16, so weights, "
+                "gradients and AdamW moments take 2 bytes each; on a GPU: float32; float32 weights with bf16 "
+                "precision: mixed, bf16 autocast)")
     cache_dir: str | None = opt(None, "where converted models are cached (default ~/.cache/upslope)")
     trust_remote_code: bool = opt(False, "allow model code from the model directory")
     chat_template: str | None = opt(None, "Jinja chat template (text or file path) replacing the tokenizer's")
@@ -60,10 +61,13 @@ class EngineConfig(Section):
     name: str = opt("auto", "rollout engine (registry: engine); auto: vllm if importable, else hf", registry="engine")
     options: dict[str, Any] = opt({}, "options of the engine's builder (its keyword-only parameters; "
                                       "see upslope plugins engine)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "engine dtype (auto: bf16 for vllm, model dtype for hf)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
+        "auto", "engine dtype (auto: vllm: bfloat16 where this machine computes bf16 natively and measured it "
+                "faster, else float32; hf: model.dtype; see upslope doctor)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
     kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
-                                          "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB)", gt=0)
+                                          "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB or "
+                                          "1/16 of memory)", gt=0)
     gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
@@ -159,11 +163,16 @@ class TrainConfig(Section):
     steps: int = opt(40, "training steps (one rollout batch each)", ge=1)
     updates_per_batch: int = opt(1, "optimiser steps per rollout batch (mini-batches x epochs)", ge=1)
     epochs_per_batch: int = opt(1, "passes over each rollout batch", ge=1)
-    micro_batch_tokens: int = opt(2048, "token budget (rows x longest row) of one forward/backward: bounds "
-                                        "activation memory (without grad_checkpointing ~0.45 MiB a token for a "
-                                        "135M model in bf16)", ge=16)
-    logprob_chunk: int = opt(256, "rows of hidden states per LM-head chunk (bounds logits memory)", ge=1)
-    precision: Literal["float32", "bfloat16"] = opt("bfloat16", "learner compute precision (see model.dtype)")
+    micro_batch_tokens: Annotated[int, Field(ge=16)] | Literal["auto"] = opt(
+        "auto", "token budget (rows x longest row) of one forward/backward: bounds activation memory (without "
+                "grad_checkpointing ~0.45 MiB a token for a 135M model in bf16; auto: 2048 on a CPU with >= 16 GiB, "
+                "less with less memory, 16384 on a GPU with >= 40 GiB)")
+    logprob_chunk: Annotated[int, Field(ge=1)] | Literal["auto"] = opt(
+        "auto", "rows of hidden states per LM-head chunk (bounds logits memory; auto: 256 on a CPU, 128 under "
+                "8 GiB, 1024 on a big GPU)")
+    precision: Literal["auto", "float32", "bfloat16"] = opt(
+        "auto", "learner compute precision (auto: bfloat16 only where the CPU has native bf16 and a matmul "
+                "measured it faster, or a GPU has bf16 tensor cores; else float32; see upslope doctor and model.dtype)")
     grad_checkpointing: bool = opt(True, "keep only each decoder layer's input for backward and run the layer again "
                                          "there (works with share_prompt): activations no longer grow with the "
                                          "micro-batch, for about 1/3 more learner compute")
@@ -173,7 +182,8 @@ class TrainConfig(Section):
     skip_zero_advantage: bool = opt(True, "RL: no forward/backward for rows whose advantage is 0 on every token "
                                           "(their loss and gradient are exactly 0; needs no KL in the loss and "
                                           "no entropy bonus)")
-    threads: int = opt(0, "torch threads for the learner (0: all cores)", ge=0)
+    threads: int = opt(0, "torch threads (0: auto, fitted at each rollout to the cores that are free, so a core "
+                          "another process keeps busy is left out; with deterministic: every usable core)", ge=0)
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
     eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)
@@ -304,6 +314,7 @@ class Config(Section):
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
+    _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -318,11 +329,53 @@ class Config(Section):
     def _task_defaults(self) -> "Config":
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
-        if self.model.dtype == "auto":
-            self.model.dtype = "bfloat16" if self.train.precision == "bfloat16" else "float32"
-        elif self.train.precision == "float32" and self.model.dtype != "float32":
+        self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
+        if self.train.precision == "float32" and self.model.dtype != "float32":
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
+
+    def __eq__(self, other: object) -> bool:
+        """Equal options are equal configs, however they were reached (`auto` or written out)."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def auto_choices(self) -> dict[str, Any]:
+        """{dotted key: value} for each option this config left at `auto` and the machine decided."""
+        return dict(self._auto)
+
+
+# options whose `auto` is decided from the hardware (upslope.hardware.choose_defaults)
+AUTO_KEYS = ("train.precision", "model.dtype", "engine.dtype", "train.micro_batch_tokens", "train.logprob_chunk")
+
+
+def _resolve_auto(cfg: Config) -> dict[str, Any]:
+    """Replace each `auto` of AUTO_KEYS by what this machine calls for; explicit values stay."""
+    if not any(_get(cfg, k) == "auto" for k in AUTO_KEYS):
+        return {}
+    from upslope.hardware import machine_defaults, weights_dtype
+
+    d = machine_defaults()
+    applied: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        if _get(cfg, key) == "auto":
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, value)
+            applied[key] = value
+
+    put("train.precision", d.precision)
+    put("model.dtype", weights_dtype(cfg.train.precision, d.on_gpu))
+    hf = (cfg.engine.name if cfg.engine.name != "auto" else d.engine_name) == "hf"
+    put("engine.dtype", cfg.model.dtype if hf else d.engine_dtype)  # the HF engine is a copy of the policy
+    put("train.micro_batch_tokens", d.micro_batch_tokens)
+    put("train.logprob_chunk", d.logprob_chunk)
+    return applied
+
+
+def _get(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
 
 
 # ---------------------------------------------------------------- loading
@@ -333,7 +386,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     `a.b.c=value` overrides; validate into a Config."""
     defaults = Config().model_dump(mode="json")
     defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
-    defaults["model"]["dtype"] = "auto"  # derived from train.precision after merging
+    for key in AUTO_KEYS:  # decided from the hardware after merging (explicit values win)
+        section, name = key.split(".")
+        defaults[section][name] = "auto"
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
         _apply_override(raw, item)

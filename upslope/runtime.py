@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from upslope.config import Config
+from upslope.errors import ConfigError
 from upslope.models import load_tokenizer, resolve_model, stop_token_ids
 from upslope.rollout.base import Engine
 
@@ -17,23 +18,26 @@ class Runtime:
     tokenizer: Any
     stop_ids: list[int]
     _engine: Engine | None = field(default=None, repr=False)
+    announce: Any = field(default=print, repr=False)
 
     @classmethod
     def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
         tok = load_tokenizer(path, cfg.model.chat_template)
-        return cls(cfg, path, tok, stop_token_ids(tok, path))
+        return cls(cfg, path, tok, stop_token_ids(tok, path), announce=announce)
 
     @property
     def engine(self) -> Engine:
         if self._engine is None:
             from upslope.rollout.engines import make_engine
 
+            # when the run really starts (bad input has been reported by then, as the only line)
+            announce_hardware(self.cfg, self.announce)
             r = self.cfg.rollout
             max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
             batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
             self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype,
-                                       max_len, kv_tokens=batch_tokens)
+                                       max_len, kv_tokens=batch_tokens, threads=engine_threads(self.cfg))
         return self._engine
 
     @property
@@ -45,3 +49,36 @@ class Runtime:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def engine_threads(cfg: Config) -> int:
+    """The engine's fixed thread count, or 0 to fit it to the free cores before each generation.
+    Deterministic runs keep one count (every usable core): the thread count changes reduction order."""
+    from upslope.hardware import usable_cores
+
+    if cfg.train.threads == 0 and cfg.train.deterministic:
+        return usable_cores()
+    return cfg.train.threads
+
+
+def announce_hardware(cfg: Config, announce: Any = print) -> None:
+    """Print what `auto` chose for this run and why, and save it as run_dir/hardware.json."""
+    import json
+    from pathlib import Path
+
+    from upslope import hardware
+
+    d = hardware.machine_defaults()
+    applied = cfg.auto_choices()
+    if cfg.engine.name == "auto":
+        applied["engine.name"] = d.engine_name
+    if cfg.train.threads == 0:
+        applied["train.threads"] = (f"{hardware.usable_cores()} (deterministic: fixed)" if cfg.train.deterministic
+                                    else f"free cores (now {hardware.free_cores()} of {hardware.usable_cores()})")
+    announce(hardware.summary(d, applied))
+    out = Path(cfg.run_dir) / "hardware.json"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(hardware.record(hardware.machine(), d, applied), indent=1) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"run_dir={cfg.run_dir}: cannot write {out.name} there ({exc.strerror or exc})") from None

