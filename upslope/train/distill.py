@@ -5,7 +5,7 @@ teacher with a distillation loss, and its weights go back to the engine. With
 `distill.teacher_temperature` (TS-OPSD self-distillation)."""
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,9 +15,7 @@ from upslope.algos.distill import DistillInputs, distill_metrics
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError
-from upslope.logs.progress import console
 from upslope.registry import DISTILL_LOSSES
-from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.teacher import Teacher
 
@@ -42,37 +40,24 @@ class DistillTrainer(BaseTrainer):
         self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
                                         where="distill.loss.options")
         self.teacher = Teacher(cfg, self.runtime.model_path, self.runtime.tokenizer, self.device,
-                               announce=lambda m: console.print(f"[dim]{m}[/dim]"))
+                               announce=self.report.note)
 
     def title(self) -> str:
         return f"distill ({self.cfg.distill.loss.name})"
 
     def step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
-        seed_step(cfg.train.seed, step)
-        t0 = time.perf_counter()
-        idx = self.sampler.next(cfg.rollout.prompts_per_step)
-        batch = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx],
-                               [self.examples[i] for i in idx], self.sampling(step),
-                               self.runtime.tokenizer.pad_token_id)
-        t1 = time.perf_counter()
-        metrics: dict[str, Any] = {}
-        if self.reward_fns:  # how good the student's samples are; the update does not use it
-            batch, metrics = stages.reward(batch, self.reward_fns, self.combiner, cfg.reward_fallback)
-        metrics.update(stages.rollout_metrics(batch))
-        metrics["rollout/generated_tokens"] = float(batch.completion_lens.sum())
-        t2 = time.perf_counter()
-        passes = self.teacher.forward_passes
-        batch = self.teacher.score(batch, self.learner)
-        metrics["distill/teacher_forwards"] = float(self.teacher.forward_passes - passes)
-        t3 = time.perf_counter()
-        metrics.update(self.update(batch, step))
-        t4 = time.perf_counter()
-        self.sync_weights()
-        t5 = time.perf_counter()
-        metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/teacher": t3 - t2,
-                        "time/learner": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0})
-        metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(t1 - t0, 1e-9)
+        seed_step(self.cfg.train.seed, step)
+        # rewards (when configured) only say how good the student's samples are; the update does not use them
+        got = self.collect(step, want=self.cfg.rollout.prompts_per_step)
+        batch, metrics = got.batch, got.metrics
+        with self.clock("teacher"):
+            passes = self.teacher.forward_passes
+            batch = self.teacher.score(batch, self.learner)
+            metrics["distill/teacher_forwards"] = float(self.teacher.forward_passes - passes)
+        with self.clock("learner"):
+            metrics.update(self.update(batch, step))
+        with self.clock("sync"):
+            self.sync_weights()
         return metrics
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -81,7 +66,7 @@ class DistillTrainer(BaseTrainer):
         cfg, learner = self.cfg, self.learner
         algo, t = cfg.algo, cfg.train
         if t.updates_per_batch * t.epochs_per_batch > 1:  # later updates see samples of an older student
-            batch.old_logprobs = learner.logprobs(batch)
+            batch = replace(batch, old_logprobs=learner.logprobs(batch))
         constant = algo.loss_agg_constant or float(cfg.rollout.max_new_tokens)
 
         def loss_fn(lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: dict[str, float],

@@ -11,21 +11,19 @@ rollout batch, with the frozen initial model (loaded once, only when the loss ne
 """
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from upslope.algos.preference import PairLogps, PreferenceOut, preference_metrics
-from upslope.batch import Batch, concat
+from upslope.batch import Batch
 from upslope.config import Config
 from upslope.data.pairs import load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, UpslopeError
-from upslope.logs.progress import console
 from upslope.registry import PREFERENCE_LOSSES
-from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.pairs import best_worst_pairs, completion_slices, completion_values, pair_batch, sequence_logps
 
@@ -80,7 +78,7 @@ class DPOTrainer(BaseTrainer):
             replies = reply_ids(pairs, tok, end)
             self.pairs = [(p, c, r) for p, (c, r) in zip(prompt_ids, replies)]
             self.sampler = UniformSampler(len(self.pairs), seed=cfg.train.seed, shuffle=d.shuffle)
-            console.print(f"[dim]{len(self.pairs)} preference pairs from {d.path}[/dim]")
+            self.report.note(f"{len(self.pairs)} preference pairs from {d.path}")
         else:
             self.setup_task()
 
@@ -125,64 +123,32 @@ class DPOTrainer(BaseTrainer):
         """On-policy pairs: rollout + reward rounds until dpo.pairs_per_step groups had differing
         rewards (at most 1 + rollout.max_resample_rounds rounds); each such group gives its best
         and its worst completion."""
-        r, want = self.cfg.rollout, self.cfg.dpo.pairs_per_step
-        seen: list[Batch] = []
-        found: list[Batch] = []
-        metrics: dict[str, Any] = {"time/rollout": 0.0, "time/reward": 0.0}
-        drawn = built = 0
-        for round_ in range(r.max_resample_rounds + 1):
-            idx = self.sampler.next(r.prompts_per_step)
-            t0 = time.perf_counter()
-            b = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx],
-                               [self.examples[i] for i in idx], self.sampling(step, round_), self.pad_id,
-                               group_offset=drawn)
-            t1 = time.perf_counter()
-            b, m = stages.reward(b, self.reward_fns, self.combiner, self.cfg.reward_fallback)
-            metrics["time/rollout"] += t1 - t0
-            metrics["time/reward"] += time.perf_counter() - t1
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-            drawn += len(idx)
-            seen.append(b)
-            pairs = best_worst_pairs(b)
-            if pairs.size:
-                found.append(pairs)
-                built += pairs.num_groups
-            if built >= want:
-                break
-        everything = concat(seen, self.pad_id)
-        metrics.update(stages.rollout_metrics(everything))
-        metrics["rollout/generated_tokens"] = float(everything.completion_lens.sum())
-        metrics["rollout/prompts_drawn"] = float(drawn)
-        batch = concat(found, self.pad_id) if found else everything.select([])
-        if built > want:
-            first = batch.group_ids.unique()[:want]
-            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
-        metrics["pairs/built"] = float(built)
-        return batch, metrics
+        r = self.cfg.rollout
+        got = self.collect(step, want=self.cfg.dpo.pairs_per_step, per_round=r.prompts_per_step, refill=False,
+                           max_rounds=r.max_resample_rounds, keep=best_worst_pairs)
+        got.metrics["pairs/built"] = float(got.kept_groups)
+        return got.batch, got.metrics
 
     # ------------------------------------------------------------------ step
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
-        t0 = time.perf_counter()
         if self.uses_engine:
             batch, metrics = self.collect_pairs(step)
         else:
-            self.cache_reference()
-            t_ref = time.perf_counter()
+            with self.clock("reference"):
+                self.cache_reference()
             batch = self.file_pairs(self.sampler.next(self.cfg.dpo.pairs_per_step))
-            metrics = {"pairs/built": float(batch.num_groups), "time/reference": t_ref - t0}
+            metrics = {"pairs/built": float(batch.num_groups)}
         metrics["pairs/kept"] = float(batch.num_groups) if batch.size else 0.0
         if batch.size == 0:
             metrics["skipped"] = 1.0  # no group had differing rewards: nothing to learn from this step
             return metrics
         assert bool((batch.loss_mask.sum(1) > 0).all()), "every reply has at least its end token"
         learner = self.learner
-        t1 = time.perf_counter()
         if self.needs_reference and batch.ref_logprobs is None:  # on-policy: once per rollout batch
-            batch.ref_logprobs = learner.logprobs(batch, reference=True)
-            metrics["time/reference"] = time.perf_counter() - t1
+            with self.clock("reference"):
+                batch = replace(batch, ref_logprobs=learner.logprobs(batch, reference=True))
         outs: list[PreferenceOut] = []
         seen: list[PairLogps] = []
 
@@ -196,14 +162,12 @@ class DPOTrainer(BaseTrainer):
             # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
             return out.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {}
 
-        t2 = time.perf_counter()
-        metrics.update(learner.optimize(batch, step, preference_loss, whole_groups=True))
-        metrics.update(preference_metrics(outs, seen))
-        t3 = time.perf_counter()
+        with self.clock("learner"):
+            metrics.update(learner.optimize(batch, step, preference_loss, whole_groups=True))
+            metrics.update(preference_metrics(outs, seen))
         if self.uses_engine:
-            self.sync_weights()
-        t4 = time.perf_counter()
-        metrics.update({"time/learner": t3 - t2, "time/sync": t4 - t3, "time/step": t4 - t0})
+            with self.clock("sync"):
+                self.sync_weights()
         return metrics
 
     # ------------------------------------------------------------------ checkpoint state

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import random
-import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from upslope import checkpoint as ckpt
-from upslope.batch import Batch, concat
+from upslope.batch import Batch
 from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
@@ -24,15 +24,17 @@ from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, UpslopeError
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
-from upslope.logs.progress import console, step_display
+from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics
 from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train import stages
+from upslope.train.collect import Collected, Task, collect, rollout_fn
 from upslope.train.learner import Learner, default_device
 from upslope.train.memory import release_freed_memory
+from upslope.train.timing import StageClock, throughput
 
 GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
 
@@ -65,13 +67,16 @@ class BaseTrainer:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.report = Report()
         self.check_config()
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
         seed_step(t.seed, 0)
         self.run_dir = Path(cfg.run_dir)
-        self.runtime = Runtime.create(cfg, announce=lambda m: console.print(f"[dim]{m}[/dim]"))
+        self.runtime = Runtime.create(cfg, announce=self.report.note)
+        self.rollout = rollout_fn(cfg.rollout.kind)
+        self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
         self.sampler: Any = None
         self.device = default_device()
@@ -109,7 +114,7 @@ class BaseTrainer:
                                    max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                                    drop_long=cfg.rollout.drop_long_prompts)
         if len(kept) < len(examples):
-            console.print(f"[yellow]dropped {len(examples) - len(kept)} prompts over rollout.max_prompt_tokens[/]")
+            self.report.warn(f"dropped {len(examples) - len(kept)} prompts over rollout.max_prompt_tokens")
         return ids, [examples[i] for i in kept]
 
     def setup_task(self, rewards: bool = True) -> None:
@@ -122,6 +127,15 @@ class BaseTrainer:
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data) if rewards else []
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
+        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback)
+
+    def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
+                max_rounds: int = 0, keep: Any = None) -> Collected:
+        """The collect stage over this method's task (see `upslope.train.collect.collect`),
+        drawing from `self.sampler`, seeded by the step and round, timed on the step's clock."""
+        return collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
+                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
+                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
         r = self.cfg.rollout
@@ -147,7 +161,11 @@ class BaseTrainer:
         last = min(t.steps, self.start_step + t.stop_after) if t.stop_after else t.steps
         with step_display(t.steps, self.start_step, enabled=cfg.log.progress) as display:
             for step in range(self.start_step + 1, last + 1):
-                metrics = self.step(step)
+                self.clock = StageClock()
+                with self.clock("step"):
+                    metrics = self.step(step)
+                metrics.update(self.clock.metrics())
+                metrics.update(throughput(metrics))
                 self.logger.log(step, metrics)
                 display.update(step, metrics)
                 if t.eval_every and step % t.eval_every == 0 and step != t.steps:
@@ -155,7 +173,7 @@ class BaseTrainer:
                 if (t.save_every and step % t.save_every == 0) or step == last:
                     self.save(step)
         if last < t.steps:
-            console.print(f"stopped after step {last} (train.stop_after); resume with train.resume=latest")
+            self.report.info(f"stopped after step {last} (train.stop_after); resume with train.resume=latest")
         elif t.eval_after:
             results["after"] = self.evaluate(t.steps)
         self.logger.close()
@@ -168,8 +186,8 @@ class BaseTrainer:
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
                            show_progress=self.cfg.log.progress)
         self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
-        console.print(f"[bold]eval @ step {step}[/]: accuracy {summary['accuracy']:.3f} "
-                      f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
+        self.report.result(f"eval @ step {step}: accuracy {summary['accuracy']:.3f} "
+                           f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
         return summary
 
     def save(self, step: int) -> Path:
@@ -191,7 +209,7 @@ class BaseTrainer:
         self.load_extra_state(state, path)
         ckpt.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
-        console.print(f"resumed from {path} at step {self.start_step}")
+        self.report.info(f"resumed from {path} at step {self.start_step}")
 
     def finish(self, results: dict[str, Any]) -> None:
         records = read_metrics(self.logger.path) if self.logger.jsonl else []
@@ -201,9 +219,8 @@ class BaseTrainer:
             before = results.get("before", {}).get("accuracy")
             after = results.get("after", {}).get("accuracy")
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            console.print(f"[bold green]held-out accuracy: before {fmt(before)} -> after {fmt(after)}[/]")
-        console.print(f"[dim]run directory: {self.run_dir}"
-                      + (f"; plot: {png}" if png else "") + "[/dim]")
+            self.report.result(f"held-out accuracy: before {fmt(before)} -> after {fmt(after)}")
+        self.report.note(f"run directory: {self.run_dir}" + (f"; plot: {png}" if png else ""))
 
     def title(self) -> str:
         """What the run is, for plot titles."""
@@ -244,49 +261,17 @@ class Trainer(BaseTrainer):
 
     # ------------------------------------------------------------------ stages wired
 
-    def collect(self, step: int) -> tuple[Batch, dict[str, Any]]:
+    def collect_batch(self, step: int) -> tuple[Batch, dict[str, Any]]:
         """Rollout + reward + filter; with filters, draw more prompts until the batch is full
         (at most rollout.max_resample_rounds extra rounds)."""
         r = self.cfg.rollout
-        kept: list[Batch] = []
-        seen: list[Batch] = []
-        metrics: dict[str, Any] = {}
-        drawn = groups = dropped = 0
-        for round_ in range(r.max_resample_rounds + 1):
-            idx = self.sampler.next(r.prompts_per_step - groups if round_ else r.prompts_per_step)
-            t0 = time.perf_counter()
-            b = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx],
-                               [self.examples[i] for i in idx], self.sampling(step, round_),
-                               self.runtime.tokenizer.pad_token_id, group_offset=drawn)
-            t1 = time.perf_counter()
-            b, m = stages.reward(b, self.reward_fns, self.combiner, self.cfg.reward_fallback)
-            t2 = time.perf_counter()
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-            metrics["time/rollout"] = metrics.get("time/rollout", 0.0) + t1 - t0
-            metrics["time/reward"] = metrics.get("time/reward", 0.0) + t2 - t1
-            drawn += len(idx)
-            seen.append(b)
-            b = stages.apply_filters(b, self.filters)
-            dropped += len(idx) - (b.num_groups if b.size else 0)
-            if b.size:
-                kept.append(b)
-                groups += b.num_groups
-            if not self.filters or groups >= r.prompts_per_step:
-                break
-        pad = self.runtime.tokenizer.pad_token_id
-        everything = concat(seen, pad)
-        metrics.update(stages.rollout_metrics(everything))
-        metrics["rollout/generated_tokens"] = float(everything.completion_lens.sum())
-        metrics["rollout/prompts_drawn"] = float(drawn)
-        batch = concat(kept, pad) if kept else everything.select([])
-        if batch.size and batch.num_groups > r.prompts_per_step:
-            first = batch.group_ids.unique()[: r.prompts_per_step]
-            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
-        metrics["rollout/groups_kept"] = float(batch.num_groups) if batch.size else 0.0
+        got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
+                           keep=lambda b: stages.apply_filters(b, self.filters))
+        metrics = got.metrics
+        metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
         if self.filters:
-            metrics["filter/groups_dropped"] = float(dropped)
-        return batch, metrics
+            metrics["filter/groups_dropped"] = float(got.dropped)
+        return got.batch, metrics
 
     def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
         """Between reward and update: overlong masking, reference log-probs (and KL folded
@@ -295,9 +280,9 @@ class Trainer(BaseTrainer):
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
         if learner.ref is not None:
-            batch.ref_logprobs = learner.logprobs(batch, reference=True)
+            batch = replace(batch, ref_logprobs=learner.logprobs(batch, reference=True))
             if algo.kl_in == "reward":
-                batch.old_logprobs = learner.logprobs(batch)
+                batch = replace(batch, old_logprobs=learner.logprobs(batch))
                 batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
         if self.critic is not None:
             batch = stages.values_and_returns(batch, self.critic.values(batch), **algo.advantage.options)
@@ -307,24 +292,19 @@ class Trainer(BaseTrainer):
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
-        t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
+        batch, metrics = self.collect_batch(step)
         if batch.size == 0:
             metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
             return metrics
-        t1 = time.perf_counter()
         learner = self.learner
-        batch = self.prepare(batch, metrics)
-        metrics.update(learner.train_step(batch, step))
-        if self.critic is not None:
-            metrics.update(self.critic.train_step(batch))
-        if learner.ref is not None:
-            metrics["kl_coef"] = learner.kl_ctl.value
-            learner.update_kl_coef(metrics.get("kl", 0.0), batch.size)
-        t2 = time.perf_counter()
-        self.sync_weights()
-        t3 = time.perf_counter()
-        metrics.update({"time/learner": t2 - t1, "time/sync": t3 - t2, "time/step": t3 - t0})
-        metrics["rollout/tokens_per_s"] = metrics["rollout/generated_tokens"] / max(metrics["time/rollout"], 1e-9)
-        metrics["learner/tokens_per_s"] = metrics["learner/tokens"] / max(t2 - t1, 1e-9)
+        with self.clock("learner"):
+            batch = self.prepare(batch, metrics)
+            metrics.update(learner.train_step(batch, step))
+            if self.critic is not None:
+                metrics.update(self.critic.train_step(batch))
+            if learner.ref is not None:
+                metrics["kl_coef"] = learner.kl_ctl.value
+                learner.update_kl_coef(metrics.get("kl", 0.0), batch.size)
+        with self.clock("sync"):
+            self.sync_weights()
         return metrics

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from upslope.algos.rejection import keep_indices
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError
-from upslope.train import stages
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.sft import check_supervised, supervised_loss
 
@@ -53,35 +51,25 @@ class RFTTrainer(BaseTrainer):
     def step(self, step: int) -> dict[str, Any]:
         cfg, r = self.cfg, self.cfg.rft
         seed_step(cfg.train.seed, step)
-        t0 = time.perf_counter()
-        idx = self.sampler.next(r.prompts_per_round)
-        batch = stages.rollout(self.runtime.engine, [self.prompt_ids[i] for i in idx], [self.examples[i] for i in idx],
-                               self.sampling(step), self.runtime.tokenizer.pad_token_id)
-        t1 = time.perf_counter()
-        batch, metrics = stages.reward(batch, self.reward_fns, self.combiner, cfg.reward_fallback)
-        metrics.update(stages.rollout_metrics(batch))
-        t2 = time.perf_counter()
+        got = self.collect(step, want=r.prompts_per_round)
+        batch, metrics = got.batch, got.metrics
         keys = [tuple(batch.input_ids[i, int(batch.prompt_lens[i]):int(batch.seq_lens[i])].tolist())
                 for i in range(batch.size)]
         kept_idx = keep_indices(batch.rewards.tolist(), batch.group_ids.tolist(), keys, threshold=r.threshold,
                                 dedupe=r.dedupe, max_per_prompt=r.max_per_prompt)
         kept = batch.select(kept_idx)
         metrics.update({"rft/kept": float(len(kept_idx)), "rft/kept_frac": len(kept_idx) / batch.size,
-                        "rft/prompts_with_kept": float(kept.num_groups if kept.size else 0) / len(idx),
-                        "time/rollout": t1 - t0, "time/reward": t2 - t1})
+                        "rft/prompts_with_kept": float(kept.num_groups if kept.size else 0) / got.drawn})
         if r.write_samples:
-            self.write_samples(kept, [idx[g] for g in kept.group_ids.tolist()], step)
+            self.write_samples(kept, [got.indices[g] for g in kept.group_ids.tolist()], step)
         if not kept.size:
-            metrics.update({"skipped": 1.0, "time/step": time.perf_counter() - t0})  # nothing passed: no update
+            metrics["skipped"] = 1.0  # nothing passed: no update
             return metrics
-        t3 = time.perf_counter()
         updates = math.ceil(kept.size / r.batch_size)
-        metrics.update(self.learner.optimize(kept, step, self.loss_fn, updates=updates, epochs=r.epochs))
-        t4 = time.perf_counter()
-        self.sync_weights()
-        t5 = time.perf_counter()
-        metrics.update({"time/learner": t4 - t3, "time/sync": t5 - t4, "time/step": t5 - t0,
-                        "learner/tokens_per_s": metrics["learner/tokens"] / max(t4 - t3, 1e-9)})
+        with self.clock("learner"):
+            metrics.update(self.learner.optimize(kept, step, self.loss_fn, updates=updates, epochs=r.epochs))
+        with self.clock("sync"):
+            self.sync_weights()
         return metrics
 
     def write_samples(self, kept: Batch, example_idx: list[int], step: int) -> None:

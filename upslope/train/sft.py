@@ -4,7 +4,6 @@ only; evaluation is held-out accuracy on eval.data (default: the task named by d
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from upslope.algos.sft import sft_loss
@@ -13,7 +12,6 @@ from upslope.config import Config, DataConfig
 from upslope.data.samplers import UniformSampler
 from upslope.data.sft import encode_conversations, load_conversations, sft_batch
 from upslope.errors import ConfigError
-from upslope.logs.progress import console
 from upslope.train.learner import LossFn
 from upslope.train.loop import BaseTrainer, seed_step
 from upslope.train.memory import release_freed_memory
@@ -57,7 +55,7 @@ class SFTTrainer(BaseTrainer):
         self.examples = encode_conversations(convs, self.runtime.tokenizer, self.runtime.stop_ids,
                                              max_tokens=s.max_tokens, drop_long=s.drop_long)
         if len(self.examples) < len(convs):
-            console.print(f"[yellow]dropped {len(convs) - len(self.examples)} conversations over sft.max_tokens[/]")
+            self.report.warn(f"dropped {len(convs) - len(self.examples)} conversations over sft.max_tokens")
         if s.epochs is not None:  # before the Learner exists, so its schedule spans these steps
             cfg.train.steps = max(1, math.ceil(s.epochs * len(self.examples) / s.batch_size))
         self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
@@ -65,14 +63,12 @@ class SFTTrainer(BaseTrainer):
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
-        t0 = time.perf_counter()
-        idx = self.sampler.next(self.cfg.sft.batch_size)
-        batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
-        metrics = self.learner.optimize(batch, step, self.loss_fn)
-        release_freed_memory()
-        dt = time.perf_counter() - t0
+        with self.clock("learner"):
+            idx = self.sampler.next(self.cfg.sft.batch_size)
+            batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
+            metrics = self.learner.optimize(batch, step, self.loss_fn)
+            release_freed_memory()
         metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()),
-                        "learner/tokens_per_s": metrics["learner/tokens"] / max(dt, 1e-9), "time/learner": dt, "time/step": dt,
                         "sft/epoch": self.sampler.epoch + self.sampler.position / len(self.examples)})
         return metrics
 

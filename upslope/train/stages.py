@@ -2,6 +2,7 @@
 rollout -> reward -> filter -> advantage. (The update and weight sync live in the learner.)"""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -9,10 +10,14 @@ import torch
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.errors import UpslopeError
+from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
 from upslope.rollout.base import Engine, SamplingParams
 
+RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
 
+
+@ROLLOUTS.register("single_turn")
 def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
             pad_id: int, group_offset: int = 0) -> Batch:
     """n completions per prompt through the engine, as a Batch (one group per prompt)."""
@@ -26,20 +31,23 @@ def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[
             gids.append(group_offset + g)
             trunc.append(c.truncated)
             meta.append({**ex.meta, "answer": ex.answer, "completion": c.text, "example_id": ex.id,
-                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens})
+                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens,
+                         "finish_reason": c.finish_reason})
     return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, engine.version, meta)
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-           fallback: float) -> tuple[Batch, dict[str, float]]:
-    """Score each completion with every reward; set named components and the combined reward."""
+           fallback: float, strict: bool = True) -> tuple[Batch, dict[str, float]]:
+    """Score each completion with every reward: a Batch with named components and the combined
+    reward. With `strict`, a reward that fails on every sample of a batch is an error."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
-    batch.reward_components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
-    batch.rewards = combiner(batch.reward_components, batch.group_ids, weights=result.weights).float()
+    components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
+    batch = replace(batch, reward_components=components,
+                    rewards=combiner(components, batch.group_ids, weights=result.weights).float())
     for name, count in result.failures.items():
-        if count == batch.size and batch.size > 1:
+        if strict and count == batch.size and batch.size > 1:
             raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
                                f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
@@ -65,17 +73,16 @@ def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta:
     kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
     base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
                                                                                           batch.loss_mask)
-    batch.token_rewards = kl_in_reward(base, kl, beta, batch.loss_mask)
-    batch.rewards = batch.rewards - beta * kl.sum(1)
-    return batch, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
+                  rewards=batch.rewards - beta * kl.sum(1))
+    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
 
 
 def mask_truncated(batch: Batch) -> Batch:
     """DAPO overlong filtering: completions cut at max_new_tokens train on nothing."""
     from upslope.algos.filters import overlong_mask
 
-    batch.loss_mask = overlong_mask(batch)
-    return batch
+    return replace(batch, loss_mask=overlong_mask(batch))
 
 
 def values_and_returns(batch: Batch, values: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95,
@@ -84,16 +91,15 @@ def values_and_returns(batch: Batch, values: torch.Tensor, *, gamma: float = 1.0
     from upslope.algos.advantages import gae_advantages_and_returns
     from upslope.algos.common import last_token_rewards
 
-    batch.values = values
     tok = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
                                                                                          batch.loss_mask)
-    _, batch.returns = gae_advantages_and_returns(tok, values, batch.loss_mask, gamma, lam)
-    return batch
+    _, returns = gae_advantages_and_returns(tok, values, batch.loss_mask, gamma, lam)
+    return replace(batch, values=values, returns=returns)
 
 
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
-    batch.advantages = fn(batch).float() * batch.loss_mask
-    return batch
+    """The batch with per-token advantages from the estimator `fn`, zero off the trained tokens."""
+    return replace(batch, advantages=fn(batch).float() * batch.loss_mask)
 
 
 def zero_variance_fraction(batch: Batch) -> float:
