@@ -9,8 +9,8 @@ import torch
 from upslope.batch import build_batch
 from upslope.config import load_config
 from upslope.models import load_model
-from upslope.train.learner import Learner
-from upslope.train.logprobs import token_logprobs, token_scores
+from upslope.train.learner.updater import Updater
+from upslope.train.learner.logprobs import token_logprobs, token_scores
 
 TEMPERATURE = 0.7
 
@@ -110,7 +110,7 @@ def test_learner_score_over_micro_batches_matches_one_pass(tiny_model_path, tiny
     b = make_batch(seed=4, groups=4)
     cfg = load_config(None, [f"model.name={tiny_model_path}", f"run_dir={tmp_path}", "train.micro_batch_tokens=40",
                              "train.precision=float32"])
-    learner = Learner(cfg, tiny_model_path, "cpu")
+    learner = Updater.from_config(cfg, tiny_model_path, "cpu")
     assert len(learner.micro_batches(b)) > 1
     out = learner.score(b, tiny, temperature=TEMPERATURE, top_k=3)
     with torch.no_grad():

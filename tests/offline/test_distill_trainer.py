@@ -14,9 +14,9 @@ import torch
 from upslope.cli import main
 from upslope.config import load_config
 from upslope.models import load_tokenizer, make_tiny_model
-from upslope.train.distill import DistillTrainer
-from upslope.train.learner import Learner
-from upslope.train.teacher import Teacher, resolve_teacher
+from upslope.train.trainers.distill import DistillTrainer
+from upslope.train.learner.updater import Updater
+from upslope.train.methods.teacher import Teacher, resolve_teacher
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -94,7 +94,7 @@ def test_teacher_forwarded_once_per_rollout_batch(distill_run, tiny_model_path, 
     calls = {"teacher": 0, "student": 0}
     trainer.teacher.model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("teacher",
                                                                                           calls["teacher"] + 1))
-    trainer.learner.model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("student",
+    trainer.updater.model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("student",
                                                                                           calls["student"] + 1))
     try:
         trainer.run()
@@ -120,10 +120,10 @@ def test_self_teacher_scores_at_its_temperature(tiny_model_path, tokenizer, tmp_
     overrides = tiny_overrides(tiny_model_path, tmp_path, "distill.teacher_temperature=2.0", "distill.top_k=4")
     cfg = load_config(RECIPES / "distill_self.yaml", overrides)
     teacher = Teacher(cfg, tiny_model_path, tokenizer, torch.device("cpu"))
-    learner = Learner(cfg, tiny_model_path, "cpu")
+    learner = Updater.from_config(cfg, tiny_model_path, "cpu")
     b = build_batch([[1, 50, 60], [1, 50, 60]], [[70, 80, 90], [71, 2]], [[0.0] * 3, [0.0] * 2], [0, 0],
                     [False, False], pad_id=2)
-    teacher.score(b, learner)
+    b = teacher.score(b, learner)
     with torch.no_grad(), learner.autocast():
         logits = teacher.model(input_ids=b.input_ids, attention_mask=b.attention_mask.long()).logits.float()
     full = torch.log_softmax(logits / 2.0, -1)[:, :-1]

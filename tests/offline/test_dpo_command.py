@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from upslope.cli import main
 from upslope.config import load_config
-from upslope.train.dpo import DPOTrainer
+from upslope.train.trainers.dpo import DPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "tests" / "train" / "toy_rewards.py"
@@ -81,7 +81,7 @@ def test_command_runs_two_steps(source, tiny_model_path, tmp_path):
 def count_calls(trainer: DPOTrainer) -> None:
     """Record, per step, the learner's reference log-prob passes and its policy forwards (with
     or without gradient) through a forward hook on the real decoder."""
-    learner = trainer.learner
+    learner = trainer.updater
     trainer.counts = []
     now = {"ref_passes": 0, "policy_grad": 0, "policy_nograd": 0}
     learner.model.get_decoder().register_forward_hook(
@@ -89,9 +89,9 @@ def count_calls(trainer: DPOTrainer) -> None:
                                    now["policy_grad" if torch.is_grad_enabled() else "policy_nograd"] + 1))
     logprobs, step = learner.logprobs, trainer.step
 
-    def counted_logprobs(batch, reference=False):
+    def counted_logprobs(batch, *, temperature, reference=False):
         now["ref_passes"] += int(reference)
-        return logprobs(batch, reference)
+        return logprobs(batch, temperature=temperature, reference=reference)
 
     def counted_step(s):
         now.update(ref_passes=0, policy_grad=0, policy_nograd=0)
@@ -110,7 +110,7 @@ def test_file_pairs_reference_computed_once_before_the_first_update(tiny_model_p
     first, *later = t.counts
     assert first["policy_nograd"] > 0 and first["policy_grad"] > 0
     assert all(c["policy_nograd"] == 0 and c["policy_grad"] > 0 and c["ref_passes"] == 0 for c in later)
-    assert t.learner.ref is None  # no second model
+    assert not t.updater.has_reference  # no second model
     assert sorted(t.ref_cache) == [0, 1, 2, 3]
     for chosen, rejected in t.ref_cache.values():
         assert (chosen < 0).all() and (rejected < 0).all()
@@ -123,7 +123,7 @@ def test_on_policy_reference_once_per_rollout_batch(loss, passes, tiny_model_pat
                  "train.epochs_per_batch=2"), count_calls)
     assert [c["ref_passes"] for c in t.counts] == [passes, passes]
     assert all(c["policy_nograd"] == 0 for c in t.counts)
-    assert (t.learner.ref is not None) == bool(passes)
+    assert t.updater.has_reference == bool(passes)
 
 
 def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):

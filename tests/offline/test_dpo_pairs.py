@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from upslope.batch import build_batch
 from upslope.config import load_config
 from upslope.errors import UpslopeError
-from upslope.train.learner import Learner
-from upslope.train.pairs import (best_worst_pairs, completion_slices, completion_values, pair_batch, pair_rows,
+from upslope.train.learner.updater import Updater
+from upslope.train.methods.pair_batch import (best_worst_pairs, completion_slices, completion_values, pair_batch, pair_rows,
                                  sequence_logps)
 
 
@@ -72,7 +72,7 @@ def learners(tiny_model_path, tmp_path_factory):
     for share in (True, False):
         cfg = load_config(None, [f"model.name={tiny_model_path}", f"train.share_prompt={share}",
                                  "train.micro_batch_tokens=16", "train.precision=float32"])
-        out[share] = Learner(cfg, tiny_model_path, "cpu")
+        out[share] = Updater.from_config(cfg, tiny_model_path, "cpu")
     return out
 
 
@@ -85,7 +85,7 @@ def test_whole_groups_keep_every_pair_in_one_micro_batch(learners, shapes, share
     b = pair_batch([[1] * p for p, _, _ in shapes], [[2] * c for _, c, _ in shapes], [[3] * r for _, _, r in shapes],
                    list(range(len(shapes))), pad_id=0)
     learner = learners[share]
-    learner.cfg.train.micro_batch_tokens = budget
+    learner.train_cfg.micro_batch_tokens = budget
     chunks = learner.micro_batches(b, whole_groups=True)
     rows = sorted(r for c in chunks for r in c)
     assert rows == list(range(b.size))
@@ -110,7 +110,7 @@ def test_micro_batched_preference_loss_equals_the_whole_batch_loss(learners, tin
         return out.loss.sum() / (norms["num_seqs"] / 2), {}
 
     def grads(budget):
-        learner.cfg.train.micro_batch_tokens = budget
+        learner.train_cfg.micro_batch_tokens = budget
         learner.model.zero_grad(set_to_none=True)
         total = 0.0
         from upslope.algos.aggregate import loss_normalizers
@@ -119,7 +119,7 @@ def test_micro_batched_preference_loss_equals_the_whole_batch_loss(learners, tin
         chunks = learner.micro_batches(b, whole_groups=True)
         for idx in chunks:
             mb = b.select(idx)
-            out = learner._scores(learner.model, mb)
+            out = learner.forward(learner.model, mb, temperature=1.0)
             lp, ent = out.logprobs, out.entropy
             loss, _ = loss_fn(lp, ent, mb, norms)
             loss.backward()

@@ -14,8 +14,9 @@ from upslope.batch import build_batch
 from upslope.config import LLAMA_PROJECTIONS, LoraConfig, load_config
 from upslope.errors import ConfigError
 from upslope.models import load_model
-from upslope.train.learner import Learner
-from upslope.train.logprobs import token_logprobs, token_logprobs_shared_prompt
+from upslope.train.learner.objectives import RLObjective
+from upslope.train.learner.updater import Updater
+from upslope.train.learner.logprobs import token_logprobs, token_logprobs_shared_prompt
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +135,12 @@ def test_reference_is_the_base_model_without_a_second_copy(base):
     assert sum(p.numel() for p in model.parameters() if not p.requires_grad) == sum(p.numel() for p in base.parameters())
 
 
-def learner(tiny_model_path, *extra: str) -> Learner:
+def learner(tiny_model_path, *extra: str) -> tuple[Updater, RLObjective]:
     cfg = load_config(None, [f"model.name={tiny_model_path}", "lora.enabled=true", "optim.lr=1e-2",
                              "train.precision=float32", "train.micro_batch_tokens=64", *extra])
     torch.manual_seed(0)
-    return Learner(cfg, tiny_model_path, "cpu")
+    updater = Updater.from_config(cfg, tiny_model_path, "cpu")
+    return updater, RLObjective.from_config(cfg, updater)
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
@@ -159,12 +161,12 @@ def test_learner_trains_only_the_adapter_through_every_forward_path(tiny_model_p
     results = {}
     for label, extra in {"shared": [], "rows": ["train.share_prompt=false"],
                          "checkpointed": ["train.grad_checkpointing=true"]}.items():
-        ln = learner(tiny_model_path, *extra)
+        ln, objective = learner(tiny_model_path, *extra)
         held = {id(p) for g in ln.optimizer.param_groups for p in g["params"]}
         assert held == {id(p) for n, p in ln.model.named_parameters() if ".lora_" in n}
         frozen = {n: p.detach().clone() for n, p in ln.model.named_parameters() if not p.requires_grad}
         before = adapter_state(ln.model)
-        ln.train_step(copy.deepcopy(rl_batch), 1)
+        ln.update(copy.deepcopy(rl_batch), 1, objective)
         after = adapter_state(ln.model)
         assert any(not torch.equal(before[k], after[k]) for k in before), label
         assert all(torch.equal(p, frozen[n]) for n, p in ln.model.named_parameters() if not p.requires_grad)
@@ -175,17 +177,17 @@ def test_learner_trains_only_the_adapter_through_every_forward_path(tiny_model_p
 
 
 def test_learner_kl_reference_with_lora_shares_the_policy(tiny_model_path, rl_batch, base):
-    ln = learner(tiny_model_path, "algo.kl_coef=0.1")
-    assert isinstance(ln.ref, lora.AdapterOff) and ln.ref.model is ln.model
+    ln, objective = learner(tiny_model_path, "algo.kl_coef=0.1")
+    assert isinstance(ln.reference(), lora.AdapterOff) and ln.reference().model is ln.model
     batch = copy.deepcopy(rl_batch)
-    batch.ref_logprobs = ln.logprobs(batch, reference=True)
-    assert torch.equal(batch.ref_logprobs, ln.logprobs(batch))  # a fresh adapter (B = 0) is the base model
-    ln.train_step(batch, 1)
-    ref_lp = ln.logprobs(rl_batch, reference=True)
+    batch.ref_logprobs = ln.logprobs(batch, temperature=1.0, reference=True)
+    assert torch.equal(batch.ref_logprobs, ln.logprobs(batch, temperature=1.0))  # a fresh adapter (B = 0) is the base model
+    ln.update(batch, 1, objective)
+    ref_lp = ln.logprobs(rl_batch, temperature=1.0, reference=True)
     with torch.no_grad():
         base_lp, _ = token_logprobs(base, rl_batch.input_ids, rl_batch.attention_mask, rl_batch.loss_mask)
     assert torch.allclose(ref_lp, base_lp, atol=1e-5)
-    assert (ln.logprobs(rl_batch) - base_lp).abs().max() > 1e-3  # the policy has moved; the reference has not
+    assert (ln.logprobs(rl_batch, temperature=1.0) - base_lp).abs().max() > 1e-3  # the policy has moved; the reference has not
 
 
 def test_bad_target_module_is_one_line_naming_the_modules(base):

@@ -18,8 +18,9 @@ from upslope.models import load_model
 from upslope.registry import ADVANTAGES
 from upslope.rollout.base import SamplingParams
 from upslope.train import stages
-from upslope.train.learner import Learner
-from upslope.train.loop import Trainer
+from upslope.train.learner.objectives import RLObjective
+from upslope.train.learner.updater import Updater
+from upslope.train.trainers.rl import Trainer
 
 TOY = Path(__file__).resolve().parents[1] / "train" / "toy_rewards.py"
 
@@ -141,7 +142,8 @@ def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
                              f"train.precision={'bfloat16' if bf16 else 'float32'}",
                              *([] if targets == "all" else [f"lora.target_modules=[{targets}]"])])
     torch.manual_seed(0)
-    learner = Learner(cfg, tiny_model_path, "cpu")
+    learner = Updater.from_config(cfg, tiny_model_path, "cpu")
+    objective = RLObjective.from_config(cfg, learner)
     questions = ["What is 3 * 4?", "Name a colour.", "Count to three.", "Say hi."]
     prompts = encode_chat(questions)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=1)
@@ -150,11 +152,11 @@ def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
         batch = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
         batch.rewards = torch.tensor([len(m["completion"]) / 10.0 for m in batch.meta])
         batch = stages.advantage(batch, ADVANTAGES.bind("grpo"))
-        learner.train_step(batch, 1)
+        learner.update(batch, 1, objective)
 
         def gap() -> float:
             b = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
-            return float(((learner.logprobs(b) - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
+            return float(((learner.logprobs(b, temperature=1.0) - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
 
         stale = gap()
         pushed = dict(learner.named_weights())

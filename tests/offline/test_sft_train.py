@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from upslope.cli import main
 from upslope.config import load_config
-from upslope.train.rft import RFTTrainer
-from upslope.train.sft import SFTTrainer
+from upslope.train.trainers.rft import RFTTrainer
+from upslope.train.trainers.sft import SFTTrainer
 
 HERE = Path(__file__).parent
 CHAT = HERE / "data" / "chat.jsonl"
@@ -82,7 +82,7 @@ def test_sft_epochs_set_the_steps_and_eval_runs_on_the_task(tiny_model_path, tmp
     out = tmp_path / "epochs"
     trainer = run(SFTTrainer, sft_args(tiny_model_path, out, "sft.epochs=1", "train.eval_after=true",
                                        "eval.limit=4", "data.system_prompt=Be brief."))
-    assert trainer.cfg.train.steps == 2 and trainer.learner.scheduler.last_epoch == 2
+    assert trainer.cfg.train.steps == 2 and trainer.updater.scheduler.last_epoch == 2
     assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2]
     summary = json.loads((out / "eval" / "step2_summary.json").read_text())
     assert summary["prompts"] == 4 and summary["engine"] == "hf"
@@ -132,7 +132,7 @@ def test_rft_keeps_by_threshold_dedupes_and_caps(tiny_model_path, tmp_path):
     out = tmp_path / "all"
     trainer = run(RFTTrainer, rft_args(tiny_model_path, out, "train.steps=1", "rft.threshold=0",
                                        "rft.dedupe=false"))
-    assert metrics(out)[0]["rft/kept"] == 16 and trainer.learner.scheduler.last_epoch == 4  # 16 kept / batch 4
+    assert metrics(out)[0]["rft/kept"] == 16 and trainer.updater.scheduler.last_epoch == 4  # 16 kept / batch 4
     out = tmp_path / "cap"
     run(RFTTrainer, rft_args(tiny_model_path, out, "train.steps=1", "rft.threshold=0", "rft.max_per_prompt=1"))
     (row,) = metrics(out)
@@ -140,7 +140,7 @@ def test_rft_keeps_by_threshold_dedupes_and_caps(tiny_model_path, tmp_path):
     out = tmp_path / "none"
     trainer = run(RFTTrainer, rft_args(tiny_model_path, out, "train.steps=1", "rft.threshold=2"))
     (row,) = metrics(out)
-    assert row["rft/kept"] == 0 and row["skipped"] == 1.0 and trainer.learner.scheduler.last_epoch == 0
+    assert row["rft/kept"] == 0 and row["skipped"] == 1.0 and trainer.updater.scheduler.last_epoch == 0
 
 
 def test_rft_resume_drops_samples_of_rounds_after_the_checkpoint(tiny_model_path, tmp_path):

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upslope.config import OptimConfig
-from upslope.train.adamw import AdamW, stochastic_round_
-from upslope.train.optim import make_optimizer
+from upslope.train.learner.adamw import AdamW, stochastic_round_
+from upslope.train.learner.optim import make_optimizer
 
 
 def run_steps(opt: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[list[torch.Tensor]]) -> None:
@@ -116,7 +116,7 @@ def test_make_optimizer_picks_the_kernel(weights, state, expected):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([True, False]), st.floats(1e-12, 1e3))
 def test_log8_round_trip_is_within_its_relative_error(seed, signed, magnitude):
-    from upslope.train.adamw import QBLOCK, dequantize_log8, quantize_log8
+    from upslope.train.learner.adamw import QBLOCK, dequantize_log8, quantize_log8
 
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(4 * QBLOCK, generator=gen) * magnitude * torch.exp(torch.randn(4 * QBLOCK, generator=gen) * 3)

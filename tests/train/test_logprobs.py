@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from upslope.batch import build_batch, group_micro_batch_indices, micro_batch_indices
 from upslope.models import load_model
-from upslope.train.logprobs import token_logprobs, token_logprobs_shared_prompt
+from upslope.train.learner.logprobs import token_logprobs, token_logprobs_shared_prompt
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_entropy_gradient_matches_full_logits(tiny, shared):
 def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature, with_bias, seed):
     """The fused head's log-probs, entropy and its gradients wrt hidden states, weight and bias
     equal those of a full float64 log-softmax, for any chunking and temperature."""
-    from upslope.train.logprobs import _LinearLogprob
+    from upslope.train.learner.logprobs import _LinearLogprob
 
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(rows, 8, generator=gen, dtype=torch.float64)
@@ -167,7 +167,7 @@ def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature,
 def test_checkpointed_layers_give_the_same_values_and_gradients(tiny, shared):
     """Per-layer activation checkpointing (which keeps the shared prompt's KV cache) changes no
     log-prob and no gradient, and leaves the layers as they were."""
-    from upslope.train.logprobs import token_scores
+    from upslope.train.learner.logprobs import token_scores
 
     b = make_batch(seed=2)
     weights = torch.linspace(0.5, 1.5, b.input_ids.numel()).view_as(b.input_ids)
@@ -187,7 +187,7 @@ def test_checkpointed_layers_give_the_same_values_and_gradients(tiny, shared):
 
 def test_checkpointed_layers_recompute_in_backward(tiny):
     """The layers really run twice with checkpointing (forward, then again in backward)."""
-    from upslope.train.logprobs import token_scores
+    from upslope.train.learner.logprobs import token_scores
 
     b = make_batch(seed=3)
     calls = []

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from upslope.cli import main
 from upslope.config import load_config
-from upslope.train.loop import Trainer
+from upslope.train.trainers.rl import Trainer
 
 HERE = Path(__file__).parent
 TOY = HERE / "toy_rewards.py"
@@ -87,7 +87,7 @@ def test_kill_during_checkpoint_write_leaves_previous_loadable(tiny_model_path, 
         import time, torch
         import upslope.checkpoint as ck
         from upslope.config import load_config
-        from upslope.train.loop import Trainer
+        from upslope.train.trainers.rl import Trainer
         real_save = torch.save
         def slow_save(obj, path, *a, **k):
             real_save(obj, path, *a, **k)
@@ -166,13 +166,13 @@ def test_kl_reference_and_mismatch_correction(kl_in, tiny_model_path, tmp_path):
     trainer = run_trainer(tiny_overrides(tiny_model_path, run, "train.steps=3", "optim.lr=3e-2",
                                          f"reward=[{{name: '{TOY}:long_text'}}]", "algo.kl_coef=0.05",
                                          f"algo.kl_in={kl_in}", "algo.correction={level: token, cap: 2.0}"))
-    assert trainer.learner.ref is not None
+    assert trainer.updater.has_reference
     rows = metrics(run)
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == reference
     assert rows[-1]["kl"] > 1e-4
     assert "tis/capped_frac" in rows[-1] and 0.0 <= rows[-1]["tis/masked_frac"] <= 1.0
     plain = Trainer(load_config(None, tiny_overrides(tiny_model_path, tmp_path / "plain", "train.steps=1")))
     try:
-        assert plain.learner.ref is None
+        assert not plain.updater.has_reference
     finally:
         plain.close()

@@ -10,8 +10,8 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from upslope.batch import build_batch
 from upslope.models import load_model
-from upslope.train.logprobs import token_scores
-from upslope.train.memory import release_freed_memory, use_lean_activations
+from upslope.train.learner.logprobs import token_scores
+from upslope.train.learner.memory import release_freed_memory, use_lean_activations
 
 
 def compare_modules(ref: torch.nn.Module, lean: torch.nn.Module, x: torch.Tensor, autocast: bool,

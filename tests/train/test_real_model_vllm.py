@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from upslope.config import load_config
     from upslope.rollout.base import SamplingParams
-    from upslope.train.loop import Trainer
+    from upslope.train.trainers.rl import Trainer
 
     cfg = load_config(None, [f"run_dir={sys.argv[1]}", "engine.name=vllm", "train.steps=2", "train.eval_before=false",
                              "train.eval_after=false", "train.eval_every=0", "log.progress=false",
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     from upslope.batch import build_batch
     b = build_batch(probe, [c.token_ids for c in after], [c.logprobs for c in after], range(4), [False] * 4,
                     trainer.runtime.tokenizer.pad_token_id)
-    learner_lp = trainer.learner.logprobs(b)
+    learner_lp = trainer.updater.logprobs(b, temperature=trainer.objective.temperature)
     gap = float(((learner_lp - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
     print(json.dumps({
         "version": engine.version,

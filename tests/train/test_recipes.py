@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from upslope.config import load_config
-from upslope.train.loop import Trainer
+from upslope.train.trainers.rl import Trainer
 
 OTHER_COMMANDS = ("sft", "rft", "dpo", "distill")
 

@@ -1,13 +1,11 @@
-"""The training loop: sample -> rollout -> reward -> filter -> advantage -> update -> sync.
-
-Each stage is a function in `upslope.train.stages` or a method of the Learner; this file
-only wires them together, times them, logs, evaluates and checkpoints.
-"""
+"""The loop every trainer shares (BaseTrainer): set up, then step -> log -> evaluate ->
+checkpoint, with exact resume. The stages are functions in `upslope.train.stages` and
+`upslope.train.collect`, the update is `Updater.update` with the method's objective; the
+trainers in `upslope.train.trainers` wire them together."""
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +13,23 @@ import numpy as np
 import torch
 
 from upslope import checkpoint as ckpt
-from upslope.batch import Batch
 from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import UniformSampler
-from upslope.errors import ConfigError, UpslopeError
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics
-from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS
+from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train import stages
 from upslope.train.collect import Collected, Task, collect, rollout_fn
-from upslope.train.learner import Learner, default_device
-from upslope.train.memory import release_freed_memory
+from upslope.train.learner.memory import release_freed_memory
+from upslope.train.learner.updater import Updater, default_device
 from upslope.train.timing import StageClock, throughput
-
-GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
 
 
 def seed_step(seed: int, step: int) -> int:
@@ -46,15 +39,6 @@ def seed_step(seed: int, step: int) -> int:
     np.random.seed(s)
     torch.manual_seed(s)
     return s
-
-
-def check_config(cfg: Config) -> None:
-    if cfg.algo.advantage.name in GROUP_ADVANTAGES and cfg.rollout.n < 2:
-        raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
-                          f"within a group, so it needs rollout.n >= 2")
-    if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
-        raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
-                          f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
 
 
 class BaseTrainer:
@@ -81,7 +65,8 @@ class BaseTrainer:
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
-        self.learner = Learner(cfg, self.runtime.model_path, self.device)
+        self.updater = Updater.from_config(cfg, self.runtime.model_path, self.device)
+        self.setup_objective()
         if self.uses_engine:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
         self.start_step = 0
@@ -95,6 +80,10 @@ class BaseTrainer:
     def setup(self) -> None:
         """The method's own parts: data, rewards, sampler, extra models (runs before the policy
         is loaded; `self.device` is where the learner will be)."""
+
+    def setup_objective(self) -> None:
+        """What the method optimises, built once the policy is loaded (e.g. an Objective that needs
+        the frozen reference)."""
 
     def step(self, step: int) -> dict[str, Any]:
         raise NotImplementedError
@@ -146,7 +135,7 @@ class BaseTrainer:
     def sync_weights(self) -> None:
         """Push the learner's weights into the rollout engine (starting it if needed), then hand
         the update's freed memory back to the OS."""
-        self.runtime.engine.update_weights(self.learner.named_weights())
+        self.runtime.engine.update_weights(self.updater.named_weights())
         release_freed_memory()
 
     # ------------------------------------------------------------------ run
@@ -161,11 +150,7 @@ class BaseTrainer:
         last = min(t.steps, self.start_step + t.stop_after) if t.stop_after else t.steps
         with step_display(t.steps, self.start_step, enabled=cfg.log.progress) as display:
             for step in range(self.start_step + 1, last + 1):
-                self.clock = StageClock()
-                with self.clock("step"):
-                    metrics = self.step(step)
-                metrics.update(self.clock.metrics())
-                metrics.update(throughput(metrics))
+                metrics = self.timed_step(step)
                 self.logger.log(step, metrics)
                 display.update(step, metrics)
                 if t.eval_every and step % t.eval_every == 0 and step != t.steps:
@@ -180,6 +165,15 @@ class BaseTrainer:
         self.finish(results)
         return results
 
+    def timed_step(self, step: int) -> dict[str, Any]:
+        """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
+        self.clock = StageClock()
+        with self.clock("step"):
+            metrics = self.step(step)
+        metrics.update(self.clock.metrics())
+        metrics.update(throughput(metrics))
+        return metrics
+
     def evaluate(self, step: int) -> dict[str, Any]:
         if not self.uses_engine and step > 0:  # the engine has not been following the learner's updates
             self.sync_weights()
@@ -191,19 +185,17 @@ class BaseTrainer:
         return summary
 
     def save(self, step: int) -> Path:
-        state = {"step": step, "optimizer": self.learner.optimizer.state_dict(),
-                 "scheduler": self.learner.scheduler.state_dict(), "rng": ckpt.rng_state(),
+        state = {"step": step, **self.updater.state(), "rng": ckpt.rng_state(),
                  "sampler": self.sampler.state_dict() if self.sampler is not None else None,
                  "engine_version": self.runtime.engine_version}
         state.update(self.extra_state())
-        return ckpt.save_checkpoint(self.run_dir / "checkpoints", step, self.learner.model, self.runtime.tokenizer,
+        return ckpt.save_checkpoint(self.run_dir / "checkpoints", step, self.updater.model, self.runtime.tokenizer,
                                     state, dump(self.cfg), self.cfg.train.keep_last)
 
     def _resume(self, path: Path) -> None:
         state = ckpt.load_trainer_state(path)
-        ckpt.load_model_weights(self.learner.model, path)
-        self.learner.optimizer.load_state_dict(state["optimizer"])
-        self.learner.scheduler.load_state_dict(state["scheduler"])
+        ckpt.load_model_weights(self.updater.model, path)
+        self.updater.load_state(state)
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.load_extra_state(state, path)
@@ -228,83 +220,3 @@ class BaseTrainer:
 
     def close(self) -> None:
         self.runtime.close()
-
-
-class Trainer(BaseTrainer):
-    """Online RL (GRPO and every recipe of the algorithm set): rollout -> reward -> filter ->
-    advantage -> update -> weight sync."""
-
-    def check_config(self) -> None:
-        check_config(self.cfg)
-
-    def setup(self) -> None:
-        cfg = self.cfg
-        self.setup_task()
-        self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
-                                            where="algo.advantage.options")
-        self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
-                        for i, f in enumerate(cfg.algo.filters)]
-        self.critic = None
-        if cfg.algo.advantage.name == "gae":  # PPO: a value model, only when the advantage needs one
-            from upslope.train.critic import Critic
-
-            self.critic = Critic(cfg, self.runtime.model_path, self.device)
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"critic": self.critic.state()} if self.critic is not None else {}
-
-    def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
-        if self.critic is not None:
-            if "critic" not in state:
-                raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage is gae")
-            self.critic.load(state["critic"])
-
-    # ------------------------------------------------------------------ stages wired
-
-    def collect_batch(self, step: int) -> tuple[Batch, dict[str, Any]]:
-        """Rollout + reward + filter; with filters, draw more prompts until the batch is full
-        (at most rollout.max_resample_rounds extra rounds)."""
-        r = self.cfg.rollout
-        got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
-                           keep=lambda b: stages.apply_filters(b, self.filters))
-        metrics = got.metrics
-        metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
-        if self.filters:
-            metrics["filter/groups_dropped"] = float(got.dropped)
-        return got.batch, metrics
-
-    def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
-        """Between reward and update: overlong masking, reference log-probs (and KL folded
-        into the reward), critic values and returns, advantages."""
-        learner, algo = self.learner, self.cfg.algo
-        if algo.mask_truncated:
-            batch = stages.mask_truncated(batch)
-        if learner.ref is not None:
-            batch = replace(batch, ref_logprobs=learner.logprobs(batch, reference=True))
-            if algo.kl_in == "reward":
-                batch = replace(batch, old_logprobs=learner.logprobs(batch))
-                batch, metrics["kl"] = stages.kl_penalty_in_reward(batch, learner.kl_fn, learner.kl_ctl.value)
-        if self.critic is not None:
-            batch = stages.values_and_returns(batch, self.critic.values(batch), **algo.advantage.options)
-        batch = stages.advantage(batch, self.advantage_fn)
-        metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
-        return batch
-
-    def step(self, step: int) -> dict[str, Any]:
-        seed_step(self.cfg.train.seed, step)
-        batch, metrics = self.collect_batch(step)
-        if batch.size == 0:
-            metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
-            return metrics
-        learner = self.learner
-        with self.clock("learner"):
-            batch = self.prepare(batch, metrics)
-            metrics.update(learner.train_step(batch, step))
-            if self.critic is not None:
-                metrics.update(self.critic.train_step(batch))
-            if learner.ref is not None:
-                metrics["kl_coef"] = learner.kl_ctl.value
-                learner.update_kl_coef(metrics.get("kl", 0.0), batch.size)
-        with self.clock("sync"):
-            self.sync_weights()
-        return metrics

@@ -6,25 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from upslope.algos.sft import sft_loss
-from upslope.batch import Batch
 from upslope.config import Config, DataConfig
 from upslope.data.samplers import UniformSampler
 from upslope.data.sft import encode_conversations, load_conversations, sft_batch
 from upslope.errors import ConfigError
-from upslope.train.learner import LossFn
+from upslope.train.learner.objectives import SupervisedObjective
 from upslope.train.loop import BaseTrainer, seed_step
-from upslope.train.memory import release_freed_memory
-
-
-def supervised_loss(dft: bool) -> LossFn:
-    """The Learner loss closure for SFT/RFT: token-mean NLL (or DFT) over loss_mask."""
-
-    def loss_fn(lp: Any, ent: Any, mb: Batch, norms: dict[str, float]) -> tuple[Any, dict[str, float]]:
-        loss, metrics = sft_loss(lp, mb.loss_mask, num_tokens=norms["num_tokens"], dft=dft)
-        return loss, {k: float(v) for k, v in metrics.items()}
-
-    return loss_fn
+from upslope.train.learner.memory import release_freed_memory
 
 
 def check_supervised(cfg: Config, command: str) -> None:
@@ -41,7 +29,6 @@ class SFTTrainer(BaseTrainer):
 
     def __init__(self, cfg: Config):
         super().__init__(with_task_eval(cfg))
-        self.learner.temperature = 1.0  # the model's own distribution, not a sampling temperature
 
     def check_config(self) -> None:
         check_supervised(self.cfg, "sft")
@@ -59,14 +46,14 @@ class SFTTrainer(BaseTrainer):
         if s.epochs is not None:  # before the Learner exists, so its schedule spans these steps
             cfg.train.steps = max(1, math.ceil(s.epochs * len(self.examples) / s.batch_size))
         self.sampler = UniformSampler(len(self.examples), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        self.loss_fn = supervised_loss(s.dft)
+        self.objective = SupervisedObjective(s.dft)  # the model's own distribution (temperature 1)
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
         with self.clock("learner"):
             idx = self.sampler.next(self.cfg.sft.batch_size)
             batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
-            metrics = self.learner.optimize(batch, step, self.loss_fn)
+            metrics = self.updater.update(batch, step, self.objective)
             release_freed_memory()
         metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()),
                         "sft/epoch": self.sampler.epoch + self.sampler.position / len(self.examples)})
@@ -84,13 +71,3 @@ def with_task_eval(cfg: Config) -> Config:
         d = cfg.data
         cfg.eval.data = DataConfig(task=d.task, options=d.options, system_prompt=d.system_prompt)
     return cfg
-
-
-def sft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """`upslope sft` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
-    from upslope.train.api import run_trainer
-
-    return run_trainer("sft", config, overrides)
-
-
-

@@ -5,19 +5,14 @@ teacher with a distillation loss, and its weights go back to the engine. With
 `distill.teacher_temperature` (TS-OPSD self-distillation)."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-import torch
-
-from upslope.algos.aggregate import aggregate
-from upslope.algos.distill import DistillInputs, distill_metrics
 from upslope.batch import Batch
-from upslope.config import Config
 from upslope.errors import ConfigError
 from upslope.registry import DISTILL_LOSSES
 from upslope.train.loop import BaseTrainer, seed_step
-from upslope.train.teacher import Teacher
+from upslope.train.learner.objectives import DistillObjective
+from upslope.train.methods.teacher import Teacher
 
 
 class DistillTrainer(BaseTrainer):
@@ -52,7 +47,7 @@ class DistillTrainer(BaseTrainer):
         batch, metrics = got.batch, got.metrics
         with self.clock("teacher"):
             passes = self.teacher.forward_passes
-            batch = self.teacher.score(batch, self.learner)
+            batch = self.teacher.score(batch, self.updater)
             metrics["distill/teacher_forwards"] = float(self.teacher.forward_passes - passes)
         with self.clock("learner"):
             metrics.update(self.update(batch, step))
@@ -60,32 +55,12 @@ class DistillTrainer(BaseTrainer):
             self.sync_weights()
         return metrics
 
+    def setup_objective(self) -> None:
+        cfg = self.cfg
+        self.objective = DistillObjective(self.loss, cfg.algo, cfg.train, temperature=cfg.rollout.temperature or 1.0,
+                                          max_new_tokens=cfg.rollout.max_new_tokens or 0)
+
     def update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Learner.optimize with the distillation loss; the student's log-probs at the teacher's
-        top-k ids come from the same forward (with gradient)."""
-        cfg, learner = self.cfg, self.learner
-        algo, t = cfg.algo, cfg.train
-        if t.updates_per_batch * t.epochs_per_batch > 1:  # later updates see samples of an older student
-            batch = replace(batch, old_logprobs=learner.logprobs(batch))
-        constant = algo.loss_agg_constant or float(cfg.rollout.max_new_tokens)
-
-        def loss_fn(lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: dict[str, float],
-                    gathered: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            x = DistillInputs(lp, mb.teacher_logprobs, mb.loss_mask, gathered, mb.teacher_topk_logprobs,
-                              mb.old_logprobs)
-            per_token, loss_metrics = self.loss(x)
-            if algo.entropy_coef:
-                per_token = per_token - algo.entropy_coef * ent
-            loss = aggregate(per_token, mb.loss_mask, algo.loss_agg, num_tokens=norms["num_tokens"],
-                             num_seqs=norms["num_seqs"], constant=constant)
-            return loss, {**distill_metrics(x), **loss_metrics}
-
-        return learner.optimize(batch, step, loss_fn, gather=lambda mb: mb.teacher_topk_ids)
-
-
-def distill(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """`upslope distill` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
-    from upslope.train.api import run_trainer
-
-    return run_trainer("distill", config, overrides)
-
+        """The update with the distillation loss; the student's log-probs at the teacher's top-k
+        ids come from the same forward (with gradient)."""
+        return self.updater.update(batch, step, self.objective)

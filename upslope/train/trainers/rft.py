@@ -11,10 +11,10 @@ from typing import Any
 
 from upslope.algos.rejection import keep_indices
 from upslope.batch import Batch
-from upslope.config import Config
 from upslope.errors import ConfigError
 from upslope.train.loop import BaseTrainer, seed_step
-from upslope.train.sft import check_supervised, supervised_loss
+from upslope.train.learner.objectives import SupervisedObjective
+from upslope.train.trainers.sft import check_supervised
 
 SAMPLES_FILE = "rft_samples.jsonl"
 
@@ -22,10 +22,6 @@ SAMPLES_FILE = "rft_samples.jsonl"
 class RFTTrainer(BaseTrainer):
     """Rounds of sample -> reward -> keep -> fine-tune -> sync; `train.steps` is the number of
     rounds, and `train.eval_every=1` evaluates after every round."""
-
-    def __init__(self, cfg: Config):
-        super().__init__(cfg)
-        self.learner.temperature = 1.0  # fine-tune the model's own distribution
 
     def check_config(self) -> None:
         check_supervised(self.cfg, "rft")
@@ -36,7 +32,7 @@ class RFTTrainer(BaseTrainer):
     def setup(self) -> None:
         cfg = self.cfg
         self.setup_task()
-        self.loss_fn = supervised_loss(cfg.sft.dft)
+        self.objective = SupervisedObjective(cfg.sft.dft)  # fine-tunes the model's own distribution (temperature 1)
         self.samples_path = self.run_dir / SAMPLES_FILE
         if not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
             self.samples_path.unlink()
@@ -67,7 +63,7 @@ class RFTTrainer(BaseTrainer):
             return metrics
         updates = math.ceil(kept.size / r.batch_size)
         with self.clock("learner"):
-            metrics.update(self.learner.optimize(kept, step, self.loss_fn, updates=updates, epochs=r.epochs))
+            metrics.update(self.updater.update(kept, step, self.objective, updates=updates, epochs=r.epochs))
         with self.clock("sync"):
             self.sync_weights()
         return metrics
@@ -87,11 +83,3 @@ class RFTTrainer(BaseTrainer):
 
     def title(self) -> str:
         return "RFT (DFT)" if self.cfg.sft.dft else "RFT"
-
-
-def rft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """`upslope rft` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
-    from upslope.train.api import run_trainer
-
-    return run_trainer("rft", config, overrides)
-

@@ -9,27 +9,36 @@ import torch
 
 from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.batch import Batch, micro_batch_indices
-from upslope.config import Config
+from upslope.config import Config, CriticConfig
 
 
 class Critic(torch.nn.Module):
-    def __init__(self, cfg: Config, model_path: str, device: torch.device):
+    """Value model with its own optimiser: the value objective of PPO."""
+
+    def __init__(self, cfg: CriticConfig, model_path: str, device: torch.device, *, precision: str,
+                 micro_batch_tokens: int, trust_remote_code: bool = False):
         super().__init__()
         from transformers import AutoModel
 
-        self.cfg = cfg
-        path = cfg.critic.model or model_path
-        self.body = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
+        self.cfg, self.precision, self.micro_batch_tokens = cfg, precision, micro_batch_tokens
+        path = cfg.model or model_path
+        self.body = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
         self.head = torch.nn.Linear(self.body.config.hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
         self.to(device)
         self.device = device
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.critic.lr, foreach=True)
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=cfg.lr, foreach=True)
+
+    @classmethod
+    def from_config(cls, cfg: Config, model_path: str, device: torch.device) -> "Critic":
+        """The critic of a run's config (its critic section, precision and micro-batch budget)."""
+        return cls(cfg.critic, model_path, device, precision=cfg.train.precision,
+                   micro_batch_tokens=cfg.train.micro_batch_tokens, trust_remote_code=cfg.model.trust_remote_code)
 
     def forward(self, mb: Batch) -> torch.Tensor:
         """[n, L] values aligned to tokens: values[:, t] = V(state choosing token t)."""
-        enabled = self.cfg.train.precision == "bfloat16"
+        enabled = self.precision == "bfloat16"
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled):
             hidden = self.body(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long()).last_hidden_state
             v = self.head(hidden).squeeze(-1).float()
@@ -38,7 +47,7 @@ class Critic(torch.nn.Module):
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in micro_batch_indices(batch.seq_lens, self.cfg.train.micro_batch_tokens):
+        for idx in micro_batch_indices(batch.seq_lens, self.micro_batch_tokens):
             v = self(batch.select(idx).to(self.device))
             out[torch.as_tensor(idx), : v.shape[1]] = v.cpu()
         return out
@@ -47,9 +56,9 @@ class Critic(torch.nn.Module):
         """One optimiser step on 0.5 * max((V - R)^2, (V_clipped - R)^2), token mean."""
         assert batch.returns is not None and batch.values is not None
         norms = loss_normalizers(batch.loss_mask)
-        clip = self.cfg.critic.value_clip
+        clip = self.cfg.value_clip
         total, clipped = 0.0, 0.0
-        for idx in micro_batch_indices(batch.seq_lens, self.cfg.train.micro_batch_tokens):
+        for idx in micro_batch_indices(batch.seq_lens, self.micro_batch_tokens):
             mb = batch.select(idx).to(self.device)
             v = self(mb)
             err = (v - mb.returns) ** 2
@@ -61,7 +70,7 @@ class Critic(torch.nn.Module):
             loss = aggregate(0.5 * err, mb.loss_mask, "token_mean", **norms)
             loss.backward()
             total += float(loss.detach())
-        gc = self.cfg.critic.grad_clip
+        gc = self.cfg.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gc if gc > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

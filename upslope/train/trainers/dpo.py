@@ -17,15 +17,14 @@ from typing import Any
 
 import torch
 
-from upslope.algos.preference import PairLogps, PreferenceOut, preference_metrics
 from upslope.batch import Batch
-from upslope.config import Config
 from upslope.data.pairs import load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import PREFERENCE_LOSSES
 from upslope.train.loop import BaseTrainer, seed_step
-from upslope.train.pairs import best_worst_pairs, completion_slices, completion_values, pair_batch, sequence_logps
+from upslope.train.learner.objectives import PreferenceObjective
+from upslope.train.methods.pair_batch import best_worst_pairs, completion_slices, completion_values, pair_batch
 
 REF_CHUNK = 64  # pairs per no-grad batch when computing the reference log-probs of file pairs
 
@@ -38,11 +37,11 @@ class DPOTrainer(BaseTrainer):
     def uses_engine(self) -> bool:  # type: ignore[override]
         return self.cfg.dpo.source == "on_policy"
 
-    def __init__(self, cfg: Config):
-        super().__init__(cfg)
-        self.learner.temperature = 1.0  # the model's own distribution, whatever temperature sampled the pairs
+    def setup_objective(self) -> None:
+        # log-probs of the model's own distribution (temperature 1), whatever temperature sampled the pairs
+        self.objective = PreferenceObjective(self.loss_fn)
         if self.needs_reference and self.uses_engine:
-            self.learner.load_reference()
+            self.updater.reference()
 
     def check_config(self) -> None:
         cfg, d = self.cfg, self.cfg.dpo
@@ -114,7 +113,7 @@ class DPOTrainer(BaseTrainer):
             chunk = needed[s:s + REF_CHUNK]
             p, c, r = zip(*(self.pairs[i] for i in chunk))
             batch = pair_batch(p, c, r, chunk, self.pad_id)
-            rows = completion_slices(self.learner.logprobs(batch), batch)
+            rows = completion_slices(self.updater.logprobs(batch, temperature=self.objective.temperature), batch)
             for k, i in enumerate(chunk):
                 cache[i] = (rows[2 * k], rows[2 * k + 1])
         self.ref_cache = cache
@@ -145,26 +144,12 @@ class DPOTrainer(BaseTrainer):
             metrics["skipped"] = 1.0  # no group had differing rewards: nothing to learn from this step
             return metrics
         assert bool((batch.loss_mask.sum(1) > 0).all()), "every reply has at least its end token"
-        learner = self.learner
         if self.needs_reference and batch.ref_logprobs is None:  # on-policy: once per rollout batch
             with self.clock("reference"):
-                batch = replace(batch, ref_logprobs=learner.logprobs(batch, reference=True))
-        outs: list[PreferenceOut] = []
-        seen: list[PairLogps] = []
-
-        def preference_loss(lp: torch.Tensor, ent: torch.Tensor, mb: Batch,
-                            norms: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-            policy = sequence_logps(lp, mb)
-            reference = sequence_logps(mb.ref_logprobs, mb) if mb.ref_logprobs is not None else None
-            out = self.loss_fn(policy, reference)
-            outs.append(out)
-            seen.append(policy)
-            # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
-            return out.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {}
-
+                batch = replace(batch, ref_logprobs=self.updater.logprobs(batch, temperature=self.objective.temperature,
+                                                                          reference=True))
         with self.clock("learner"):
-            metrics.update(learner.optimize(batch, step, preference_loss, whole_groups=True))
-            metrics.update(preference_metrics(outs, seen))
+            metrics.update(self.updater.update(batch, step, self.objective))
         if self.uses_engine:
             with self.clock("sync"):
                 self.sync_weights()
@@ -180,10 +165,3 @@ class DPOTrainer(BaseTrainer):
             if "dpo_reference" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no cached reference log-probs for the pairs")
             self.ref_cache = state["dpo_reference"]
-
-
-def dpo(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """`upslope dpo` from Python: a Config (or a recipe path plus overrides); returns the before/after eval."""
-    from upslope.train.api import run_trainer
-
-    return run_trainer("dpo", config, overrides)

@@ -2,6 +2,7 @@
 'self'; checked to share the student's vocabulary; scores each rollout batch once."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from upslope.errors import ConfigError, UpslopeError
 from upslope.models import load_model, load_tokenizer, resolve_model
 
 if TYPE_CHECKING:
-    from upslope.train.learner import Learner
+    from upslope.train.learner.updater import Updater
 
 SELF = "self"
 
@@ -82,13 +83,11 @@ class Teacher:
         self.top_k = d.top_k
         self.forward_passes = 0  # micro-batch forwards so far
 
-    def score(self, batch: Batch, learner: "Learner") -> Batch:
-        """Set the batch's teacher_logprobs [N, L] and teacher_topk_ids / _logprobs [N, L, K]."""
-        student_vocab = learner.model.get_output_embeddings().weight.shape[0]
+    def score(self, batch: Batch, updater: "Updater") -> Batch:
+        """The batch with teacher_logprobs [N, L] and teacher_topk_ids / _logprobs [N, L, K]."""
         teacher_vocab = self.model.get_output_embeddings().weight.shape[0]
-        out = learner.score(batch, self.model, temperature=self.temperature, top_k=self.top_k,
-                            top_k_vocab=min(student_vocab, teacher_vocab))  # padded heads may differ in size
-        batch.teacher_logprobs = out.logprobs
-        batch.teacher_topk_ids, batch.teacher_topk_logprobs = out.topk_ids, out.topk_logprobs
-        self.forward_passes += len(learner.micro_batches(batch))
-        return batch
+        out = updater.score(batch, self.model, temperature=self.temperature, top_k=self.top_k,
+                            top_k_vocab=min(updater.vocab_size, teacher_vocab))  # padded heads may differ in size
+        self.forward_passes += len(updater.micro_batches(batch))
+        return replace(batch, teacher_logprobs=out.logprobs, teacher_topk_ids=out.topk_ids,
+                       teacher_topk_logprobs=out.topk_logprobs)

@@ -7,7 +7,7 @@ from typing import Iterable
 import torch
 
 from upslope.config import OptimConfig
-from upslope.train.adamw import AdamW
+from upslope.train.learner.adamw import AdamW
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig, seed: int = 0) -> torch.optim.Optimizer:
