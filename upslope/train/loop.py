@@ -53,13 +53,13 @@ class BaseTrainer:
         self.cfg = cfg
         self.report = Report()
         self.check_config()
+        self.rollout = rollout_fn(cfg.rollout.kind)
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
         seed_step(t.seed, 0)
         self.run_dir = Path(cfg.run_dir)
         self.runtime = Runtime.create(cfg, announce=self.report.note)
-        self.rollout = rollout_fn(cfg.rollout.kind)
         self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
         self.sampler: Any = None

@@ -103,8 +103,9 @@ def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> Batch:
 
 
 def zero_variance_fraction(batch: Batch) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    assert batch.rewards is not None
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal); 0 for an unscored batch."""
+    if batch.rewards is None:
+        return 0.0
     flat = 0
     groups = batch.group_ids.unique()
     for g in groups:
