@@ -4,6 +4,7 @@ once per pair). The row with the higher `rewards` value is the chosen one: datas
 get 1 and 0, on-policy pairs keep their real rewards (chosen > rejected by construction)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -22,8 +23,7 @@ def pair_batch(prompt_ids: Sequence[list[int]], chosen_ids: Sequence[list[int]],
     meta = [{"pair": g, "chosen": i % 2 == 0} for i, g in enumerate(groups)]
     batch = build_batch(prompts, replies, [[0.0] * len(r) for r in replies], groups, [False] * len(replies), pad_id,
                         meta=meta)
-    batch.rewards = torch.tensor([1.0, 0.0] * len(pair_ids))
-    return batch
+    return replace(batch, rewards=torch.tensor([1.0, 0.0] * len(pair_ids)))
 
 
 def best_worst_pairs(batch: Batch) -> Batch:

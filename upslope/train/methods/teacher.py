@@ -10,7 +10,7 @@ import torch
 
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
-from upslope.config import Config
+from upslope.config import DistillConfig, ModelConfig
 from upslope.errors import ConfigError, UpslopeError
 from upslope.models import load_model, load_tokenizer, resolve_model
 
@@ -62,11 +62,10 @@ class Teacher:
     log-prob and its top-k tokens per position, computed once per rollout batch (no grad,
     token-budget micro-batches) and kept on the batch, so every update of it reads them."""
 
-    def __init__(self, cfg: Config, student_path: str, student_tokenizer: Any, device: torch.device,
-                 announce: Any = print):
-        d = cfg.distill
+    def __init__(self, d: DistillConfig, model: ModelConfig, student_path: str, student_tokenizer: Any,
+                 device: torch.device, announce: Any = print):
         self.spec = d.teacher or ""
-        self.path = resolve_teacher(d.teacher, student_path, d.teacher_gguf_file, cfg.model.cache_dir, announce)
+        self.path = resolve_teacher(d.teacher, student_path, d.teacher_gguf_file, model.cache_dir, announce)
         if d.top_k > len(student_tokenizer):
             raise ConfigError(f"distill.top_k={d.top_k}: more than the vocabulary's {len(student_tokenizer)} tokens")
         if d.teacher != SELF:
@@ -76,7 +75,7 @@ class Teacher:
                 raise ConfigError(f"distill.teacher={self.spec}: its tokenizer could not be loaded from {self.path} "
                                   f"({str(exc).splitlines()[0]})") from None
             check_same_vocab(student_tokenizer, teacher_tokenizer, self.spec)
-        self.model = load_model(self.path, cfg.model.dtype, cfg.model.trust_remote_code).to(device).eval()
+        self.model = load_model(self.path, model.dtype, model.trust_remote_code).to(device).eval()
         self.model.requires_grad_(False)
         self.model.config.use_cache = False
         self.temperature = d.teacher_temperature

@@ -34,7 +34,7 @@ class DistillTrainer(BaseTrainer):
         self.setup_task(rewards=cfg.distill.log_reward)
         self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
                                         where="distill.loss.options")
-        self.teacher = Teacher(cfg, self.runtime.model_path, self.runtime.tokenizer, self.device,
+        self.teacher = Teacher(cfg.distill, cfg.model, self.runtime.model_path, self.runtime.tokenizer, self.device,
                                announce=self.report.note)
 
     def title(self) -> str:

@@ -96,7 +96,8 @@ class DPOTrainer(BaseTrainer):
             if missing:  # only when train.steps grew on resume: the initial policy is gone
                 raise UpslopeError(f"pair {missing[0]} of {self.cfg.dpo.path} has no cached reference log-probs "
                                    f"(train.steps was raised after the run started); start a new run")
-            batch.ref_logprobs = completion_values(batch, [t for i in indices for t in self.ref_cache[i]])
+            batch = replace(batch, ref_logprobs=completion_values(batch, [t for i in indices
+                                                                         for t in self.ref_cache[i]]))
         return batch
 
     def cache_reference(self) -> None:
