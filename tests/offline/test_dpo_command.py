@@ -136,7 +136,8 @@ def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     a = load_file(tmp_path / "straight" / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     b = load_file(tmp_path / "split" / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in r.items()  # noqa: E731  (timings and rates differ between runs)
+                         if not k.startswith("time/") and not k.endswith("tokens_per_s")} for r in rs]
     assert strip(rows(tmp_path / "straight")) == strip(rows(tmp_path / "split"))
 
 
