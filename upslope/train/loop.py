@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from upslope import checkpoint as ckpt
+from upslope.batch import Batch
 from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
@@ -43,8 +44,8 @@ def seed_step(seed: int, step: int) -> int:
 
 class BaseTrainer:
     """The loop every trainer shares: set up, then step -> log -> evaluate -> checkpoint, with
-    exact resume. A method subclasses it and supplies `setup()` (its data, rewards, ...) and
-    `step(step) -> metrics`; everything it keeps in `self.sampler` (anything with
+    exact resume. A method subclasses it and supplies `setup()` (its data, rewards, ...),
+    `setup_objective()` (what the update optimises) and `step(step) -> metrics`; everything it keeps in `self.sampler` (anything with
     state_dict/load_state_dict) and `extra_state()` is checkpointed and resumed."""
 
     uses_engine = True  # start the rollout engine before step 1 (else lazily, e.g. for evaluation)
@@ -119,7 +120,7 @@ class BaseTrainer:
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback)
 
     def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
-                max_rounds: int = 0, keep: Any = None) -> Collected:
+                max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None) -> Collected:
         """The collect stage over this method's task (see `upslope.train.collect.collect`),
         drawing from `self.sampler`, seeded by the step and round, timed on the step's clock."""
         return collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
