@@ -18,7 +18,7 @@ from upslope.train import stages
 from upslope.train.collect import Task, collect, rollout_fn
 from upslope.train.timing import StageClock, throughput
 
-TOY = Path(__file__).parent / "toy_rewards.py"
+TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
 QUESTIONS = [f"What is {i} + {i}?" for i in range(8)]
 
 

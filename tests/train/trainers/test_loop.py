@@ -19,8 +19,8 @@ from upslope.cli import main
 from upslope.config import load_config
 from upslope.train.trainers.rl import Trainer
 
-HERE = Path(__file__).parent
-TOY = HERE / "toy_rewards.py"
+HERE = Path(__file__).resolve().parent
+TOY = HERE.parents[1] / "fixtures" / "toy_rewards.py"
 
 
 def tiny_overrides(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:

@@ -14,8 +14,8 @@ from upslope.cli import main
 from upslope.config import load_config
 from upslope.train.trainers.dpo import DPOTrainer
 
-ROOT = Path(__file__).resolve().parents[2]
-TOY = ROOT / "tests" / "train" / "toy_rewards.py"
+ROOT = Path(__file__).resolve().parents[3]
+TOY = ROOT / "tests" / "fixtures" / "toy_rewards.py"
 PAIRS = [
     {"prompt": "What is 3 * 4?", "chosen": "12", "rejected": "7"},
     {"prompt": "What is 6 * 7?", "chosen": "42", "rejected": "The answer is 13"},

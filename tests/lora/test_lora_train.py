@@ -22,7 +22,7 @@ from upslope.train.learner.objectives import RLObjective
 from upslope.train.learner.updater import Updater
 from upslope.train.trainers.rl import Trainer
 
-TOY = Path(__file__).resolve().parents[1] / "train" / "toy_rewards.py"
+TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
 
 
 def overrides(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:

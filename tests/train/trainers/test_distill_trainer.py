@@ -18,7 +18,7 @@ from upslope.train.trainers.distill import DistillTrainer
 from upslope.train.learner.updater import Updater
 from upslope.train.methods.teacher import Teacher, resolve_teacher
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
 
 def tiny_overrides(student: str, run_dir: Path, *extra: str) -> list[str]:

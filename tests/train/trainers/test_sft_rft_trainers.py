@@ -15,10 +15,11 @@ from upslope.config import load_config
 from upslope.train.trainers.rft import RFTTrainer
 from upslope.train.trainers.sft import SFTTrainer
 
-HERE = Path(__file__).parent
-CHAT = HERE / "data" / "chat.jsonl"
-EVEN = HERE / "offline_rewards.py"
-RECIPES = HERE.parents[1] / "recipes"
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parents[1] / "fixtures"
+CHAT = FIXTURES / "chat.jsonl"
+EVEN = FIXTURES / "offline_rewards.py"
+RECIPES = HERE.parents[2] / "recipes"
 
 
 def tiny(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:

@@ -22,7 +22,7 @@ from upslope.data.types import Example
 from upslope.errors import DataError
 from upslope.models import load_tokenizer
 
-CHAT = Path(__file__).parent / "data" / "chat.jsonl"
+CHAT = Path(__file__).resolve().parents[1] / "fixtures" / "chat.jsonl"
 FAST = settings(max_examples=50, deadline=None)
 IM_END = 2  # SmolLM2's <|im_end|>: end of turn, eos and pad
 

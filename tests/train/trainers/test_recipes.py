@@ -1,6 +1,6 @@
 """Every RL recipe in recipes/ runs 2 training steps on a tiny model (HF engine). Recipes of the
 other commands (they configure an `sft`, `rft`, `dpo` or `distill` section) are run by their
-own trainers' tests in tests/offline."""
+own trainers' tests in tests/train/trainers."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from upslope.data import task_default_reward
 from upslope.train.trainers.rl import Trainer
 
 OTHER_COMMANDS = ("sft", "rft", "dpo", "distill")
-TOY = Path(__file__).parent / "toy_rewards.py"
+TOY = Path(__file__).resolve().parents[2] / "fixtures" / "toy_rewards.py"
 
 
 def is_rl_recipe(path: Path) -> bool:
@@ -26,7 +26,7 @@ def is_rl_recipe(path: Path) -> bool:
     return is_rl_recipe(path.parent / raw["base"]) if raw.get("base") else True
 
 
-RECIPES = [r for r in sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")) if is_rl_recipe(r)]
+RECIPES = [r for r in sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml")) if is_rl_recipe(r)]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
