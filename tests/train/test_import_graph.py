@@ -63,3 +63,16 @@ def test_no_import_cycle_through_train_eval_logs_or_batch():
 def test_the_checker_finds_a_cycle():
     assert cycle_through({"a": {"b"}, "b": {"c"}, "c": {"a"}}, "a") == ["a", "b", "c", "a"]
     assert cycle_through({"a": {"b"}, "b": set()}, "a") is None
+
+
+def test_training_code_reports_through_the_sinks_only():
+    """No module of upslope.train prints: messages go through logs.progress.Report, metrics
+    through logs.sinks.MetricsLogger (so a run can be silenced or redirected in one place)."""
+    offenders = []
+    for path in (ROOT / "train").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "console" for a in node.names):
+                offenders.append(f"{path.name}: imports console")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                offenders.append(f"{path.name}:{node.lineno}: print()")
+    assert not offenders, offenders

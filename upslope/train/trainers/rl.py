@@ -18,6 +18,7 @@ GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "gdpo"}
 
 
 def check_config(cfg: Config) -> None:
+    """Reject RL option combinations that cannot run (one ConfigError line)."""
     if cfg.algo.advantage.name in GROUP_ADVANTAGES and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
