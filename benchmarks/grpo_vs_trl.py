@@ -85,12 +85,12 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
     t0 = time.perf_counter()
     from upslope.config import load_config
     from upslope.rollout.engines import engine_name
-    from upslope.train.loop import Trainer
+    from upslope.train.trainers.rl import Trainer
 
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="bench-upslope-")
     cfg = load_config(None, upslope_overrides(a, run_dir))
     trainer = Trainer(cfg)
-    learner = trainer.learner
+    learner = trainer.updater
     emit({"event": "meta", "framework": "upslope", "model_path": trainer.runtime.model_path,
           "engine": engine_name(cfg.engine), "learner_precision": cfg.train.precision,
           "master_dtype": str(next(learner.model.parameters()).dtype),
@@ -102,7 +102,7 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
     prev = time.perf_counter()
     emit({"event": "ready", "init_s": prev - t0})
     for step in range(1, a.steps + 1):
-        m = trainer.step(step)
+        m = trainer.timed_step(step)
         trainer.logger.log(step, m)
         now = time.perf_counter()
         emit({"event": "step", "step": step, "wall_s": now - prev, "step_s": m.get("time/step"),

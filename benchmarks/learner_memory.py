@@ -25,7 +25,7 @@ def worker(variant: str, rows: int, prompt: int, completion: int) -> dict:
 
     from upslope.batch import build_batch
     from upslope.models import load_model, resolve_model
-    from upslope.train.logprobs import token_logprobs, token_logprobs_shared_prompt
+    from upslope.train.learner.logprobs import token_logprobs, token_logprobs_shared_prompt
 
     torch.manual_seed(0)
     model = load_model(resolve_model("smollm2-135m-instruct", announce=lambda m: None), "float32")

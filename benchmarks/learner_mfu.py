@@ -147,7 +147,8 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
     import torch
 
     from upslope.config import load_config
-    from upslope.train.learner import Learner
+    from upslope.train.learner.objectives import RLObjective
+    from upslope.train.learner.updater import Updater
 
     prompts, n, plen, clen = ((a.bench_prompts, a.bench_n, a.bench_prompt_tokens, a.bench_new_tokens) if shape == "bench"
                               else (a.long_prompts, a.long_n, a.long_prompt_tokens, a.long_new_tokens))
@@ -155,7 +156,8 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
                              f"train.share_prompt={str(share).lower()}", f"rollout.max_new_tokens={clen}",
                              f"rollout.prompts_per_step={prompts}", f"rollout.n={n}", "algo.kl_coef=0",
                              f"train.steps={a.steps + a.warmup}", *(a.override or [])])
-    learner = Learner(cfg, model_path, device=a.device)
+    learner = Updater.from_config(cfg, model_path, device=a.device)
+    objective = RLObjective.from_config(cfg, learner)
     params = sum(p.numel() for p in learner.model.parameters())
     vocab = learner.model.config.vocab_size
     batch = synthetic_batch(prompts, n, plen, clen, vocab, pad_id=2, seed=a.seed)
@@ -167,7 +169,7 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
     for step in range(1, a.warmup + a.steps + 1):
         sync()
         t = time.perf_counter()
-        learner.train_step(batch, step)
+        learner.update(batch, step, objective)
         sync()
         if step > a.warmup:
             times.append(time.perf_counter() - t)

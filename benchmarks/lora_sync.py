@@ -22,10 +22,10 @@ import torch
 from upslope.config import load_config
 from upslope.models import load_tokenizer, resolve_model
 from upslope.rollout.engines import make_engine
-from upslope.train.learner import Learner
+from upslope.train.learner.updater import Updater
 
 
-def timed_push(learner: Learner, engine: Any, repeats: int) -> dict[str, float]:
+def timed_push(learner: Updater, engine: Any, repeats: int) -> dict[str, float]:
     build, push, tensors, params = [], [], 0, 0
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def main() -> None:
                            "targets": cfg_lora.lora.target_modules, "rank": cfg_lora.lora.rank}
     try:
         for label, cfg in (("full", cfg_full), ("lora", cfg_lora)):
-            learner = Learner(cfg, path, "cpu")
+            learner = Updater.from_config(cfg, path, "cpu")
             with torch.no_grad():  # a trained adapter: B != 0 (timing does not depend on the values)
                 for name, p in learner.model.named_parameters():
                     if ".lora_B." in name:

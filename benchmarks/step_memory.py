@@ -57,7 +57,7 @@ def main() -> None:
     probe = StagePeaks()
     probe.start()
     from upslope.config import load_config
-    from upslope.train.loop import Trainer
+    from upslope.train.trainers.rl import Trainer
 
     cfg = load_config(None, [f"run_dir={tempfile.mkdtemp(prefix='step-memory-')}", *SHAPE,
                              f"train.steps={a.steps}", *a.overrides])
@@ -68,13 +68,13 @@ def main() -> None:
     for step in range(1, a.steps + 1):
         rows = []
         t = time.perf_counter()
-        batch, metrics = trainer.collect(step)
+        batch, metrics = trainer.collect_batch(step)
         rows.append(("collect", time.perf_counter() - t, *probe.end("prepare")))
         t = time.perf_counter()
         batch = trainer.prepare(batch, metrics)
         rows.append(("prepare", time.perf_counter() - t, *probe.end("update")))
         t = time.perf_counter()
-        m = trainer.learner.train_step(batch, step)
+        m = trainer.updater.update(batch, step, trainer.objective)
         rows.append(("update", time.perf_counter() - t, *probe.end("sync")))
         t = time.perf_counter()
         trainer.sync_weights()

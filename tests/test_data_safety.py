@@ -217,17 +217,19 @@ def test_inf_reward_falls_back_and_weights_stay_finite(tiny_model_path, tmp_path
 
 
 def _learner_and_batch(tiny_model_path: str, tmp_path: Path, limit: int = 3):
-    from upslope.train.learner import Learner
+    from upslope.train.learner.updater import Updater
 
     cfg = load_config(None, [f"model.name={tiny_model_path}", "train.precision=float32", "optim.lr=1e-2",
                              f"optim.max_nonfinite_steps={limit}", f"run_dir={tmp_path}"])
-    learner = Learner(cfg, tiny_model_path, "cpu")
+    learner = Updater.from_config(cfg, tiny_model_path, "cpu")
     b = build_batch([[1, 2, 3]] * 2, [[4, 5], [6, 7]], [[0.0, 0.0]] * 2, [0, 0], [False] * 2, pad_id=2)
     b.advantages = torch.tensor([1.0, -1.0])[:, None] * b.loss_mask
     return learner, b
 
 
 def test_nonfinite_gradient_step_is_skipped_then_the_run_stops(tiny_model_path, tmp_path):
+    from upslope.train.learner.objectives import FunctionObjective
+
     learner, b = _learner_and_batch(tiny_model_path, tmp_path)
     params = lambda: [p.detach().clone() for p in learner.model.parameters()]  # noqa: E731
 
@@ -238,19 +240,19 @@ def test_nonfinite_gradient_step_is_skipped_then_the_run_stops(tiny_model_path, 
         return -(lp * mb.advantages * mb.loss_mask).sum() / norms["num_tokens"], {}
 
     before = params()
-    out = learner.optimize(b, 1, nan_loss)
+    out = learner.update(b, 1, FunctionObjective(nan_loss))
     assert out["learner/nonfinite_skipped"] == 1.0
     assert all(torch.equal(x, y) for x, y in zip(before, params()))  # weights untouched
     assert not learner.optimizer.state or all(  # and no NaN in the optimiser state
         torch.isfinite(t).all() for s in learner.optimizer.state.values() for t in s.values()
         if isinstance(t, torch.Tensor) and t.is_floating_point())
-    out = learner.optimize(b, 2, real_loss)  # a finite step updates and resets the count
+    out = learner.update(b, 2, FunctionObjective(real_loss))  # a finite step updates and resets the count
     assert out["learner/nonfinite_skipped"] == 0.0
     assert any(not torch.equal(x, y) for x, y in zip(before, params()))
-    learner.optimize(b, 3, nan_loss)
-    learner.optimize(b, 4, nan_loss)
+    learner.update(b, 3, FunctionObjective(nan_loss))
+    learner.update(b, 4, FunctionObjective(nan_loss))
     with pytest.raises(UpslopeError, match="optim.max_nonfinite_steps=3"):
-        learner.optimize(b, 5, nan_loss)
+        learner.update(b, 5, FunctionObjective(nan_loss))
     assert all(bool(torch.isfinite(p).all()) for p in learner.model.parameters())
 
 

@@ -20,7 +20,7 @@ import torch
 from upslope import lora
 from upslope.errors import UpslopeError
 from upslope.fsutil import atomic_directory
-from upslope.train.finite import first_nonfinite
+from upslope.train.learner.finite import first_nonfinite
 
 MARKER = "COMPLETE"
 

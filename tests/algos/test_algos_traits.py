@@ -10,7 +10,7 @@ from upslope.config import load_config
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 from upslope.train import stages
-from upslope.train.loop import check_config
+from upslope.train.trainers.rl import check_config
 
 
 def test_advantage_traits_are_declared_at_registration():

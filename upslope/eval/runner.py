@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from statistics import mean
 from typing import Any, Sequence
 
+from upslope.batch import Batch, concat
 from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
@@ -15,10 +15,12 @@ from upslope.errors import ConfigError
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, combined, score, status_counts
+from upslope.rewards import build_reward_fns, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
+from upslope.train.collect import Task, collect, rollout_fn
+from upslope.train.timing import StageClock
 
 
 def eval_data_config(cfg: Config) -> DataConfig:
@@ -70,33 +72,43 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                             max_new_tokens=ev.max_new_tokens or (task_generation_length(data_cfg) if ev.data
                                                                  else cfg.rollout.max_new_tokens),
                             seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
+    combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
+                                     where="algo.reward_combiner.options")
+    task = Task(prompt_ids, list(examples), reward_fns, combiner, cfg.reward_fallback)
+    rollout = rollout_fn(cfg.rollout.kind)
     engine = runtime.engine
-    completions = []
+    clock = StageClock()
+    batches: list[Batch] = []
+    chunk_metrics: list[dict[str, Any]] = []
     chunk = max(1, 256 // ev.n)
-    t0 = time.perf_counter()
     tokens = 0
     with progress_bar(f"{tag}: generating", len(prompt_ids), enabled=show_progress) as bar:
         for start in range(0, len(prompt_ids), chunk):
-            out = engine.generate(prompt_ids[start:start + chunk], params)
-            completions.extend(out)
-            tokens += sum(len(c.token_ids) for group in out for c in group)
-            bar.advance(len(out), tokens_per_s=tokens / max(time.perf_counter() - t0, 1e-9))
-    gen_s = time.perf_counter() - t0
-    flat = [c for group in completions for c in group]
-    answers = [ex.answer for ex in examples for _ in range(ev.n)]
-    metas = [dict(ex.meta) for ex in examples for _ in range(ev.n)]
-    result = score(reward_fns, [c.text for c in flat], answers, metas, cfg.reward_fallback)
-    combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
-                                     where="algo.reward_combiner.options")
-    rewards = combined(result, [i // ev.n for i in range(len(flat))], combiner)
-    first = next(iter(result.components))
-    correct = [v >= 0.5 for v in result.components[first]]
-    summary = _summarise(examples, flat, rewards, correct, specs[0], ev.n, ev.k)
+            part = list(range(start, min(start + chunk, len(prompt_ids))))
+            got = collect(engine, task, lambda _: part, lambda _: params, runtime.tokenizer.pad_token_id,
+                          want=len(part), per_round=len(part), rollout=rollout, clock=clock, strict_rewards=False)
+            batches.append(got.batch)
+            chunk_metrics.append(got.metrics)
+            tokens += int(got.batch.completion_lens.sum())
+            bar.advance(len(part), tokens_per_s=tokens / max(clock.seconds.get("rollout", 0.0), 1e-9))
+    gen_s = clock.seconds.get("rollout", 0.0)
+    batch = concat(batches, runtime.tokenizer.pad_token_id)
+    metas = batch.meta
+    rewards = batch.rewards.tolist() if batch.rewards is not None else []
+    first = next(iter(batch.reward_components))
+    correct = [v >= 0.5 for v in batch.reward_components[first].tolist()]
+    failures: dict[str, int] = {}
+    for got_metrics in chunk_metrics:
+        for key, count in got_metrics.items():
+            if key.startswith("reward_failures/"):
+                name = key.removeprefix("reward_failures/")
+                failures[name] = failures.get(name, 0) + int(count)
+    summary = _summarise(examples, metas, rewards, correct, specs[0], ev.n, ev.k)
     statuses = status_counts(metas)
     if statuses:
         summary["sandbox_status"] = statuses
     summary.update(tag=tag, engine=engine.name, gen_seconds=round(gen_s, 2),
-                   tokens_per_s=round(tokens / max(gen_s, 1e-9), 1), reward_failures=result.failures,
+                   tokens_per_s=round(tokens / max(gen_s, 1e-9), 1), reward_failures=failures,
                    temperature=ev.temperature, n=ev.n)
     if out_dir is not None:
         out = Path(out_dir)
@@ -104,32 +116,34 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
         (out / f"{tag}_summary.json").write_text(json.dumps(summary, indent=2))
         if ev.write_samples:
             with open(out / f"{tag}_samples.jsonl", "w") as fh:
-                for i, c in enumerate(flat):
+                for i, m in enumerate(metas):
                     ex = examples[i // ev.n]
-                    fh.write(json.dumps({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer, "completion": c.text,
-                                         "reward": rewards[i], "correct": correct[i], "finish": c.finish_reason,
-                                         "tokens": len(c.token_ids), "status": metas[i].get("sandbox_status"),
-                                         **{f"reward/{k}": v[i] for k, v in result.components.items()}},
+                    fh.write(json.dumps({"id": ex.id, "prompt": ex.prompt, "answer": ex.answer,
+                                         "completion": m["completion"], "reward": rewards[i], "correct": correct[i],
+                                         "finish": m["finish_reason"], "tokens": m["completion_tokens"],
+                                         "status": m.get("sandbox_status"),
+                                         **{f"reward/{k}": float(v[i]) for k, v in batch.reward_components.items()}},
                                         default=str) + "\n")
     return summary
 
 
-def _summarise(examples: Sequence[Example], flat: list, rewards: list[float], correct: list[bool],
+def _summarise(examples: Sequence[Example], flat: list[dict[str, Any]], rewards: list[float], correct: list[bool],
                spec: RewardSpec, n: int, ks: Sequence[int]) -> dict[str, Any]:
-    lens = [len(c.token_ids) for c in flat]
+    """Accuracy, reward, length, pass@k and maj@k over the samples' metadata (n per example)."""
+    lens = [m["completion_tokens"] for m in flat]
     out: dict[str, Any] = {
         "prompts": len(examples),
         "samples": len(flat),
         "accuracy": round(mean(correct), 4) if correct else 0.0,
         "mean_reward": round(mean(rewards), 4) if rewards else 0.0,
         "mean_length": round(mean(lens), 2) if lens else 0.0,
-        "truncated_frac": round(mean(c.truncated for c in flat), 4) if flat else 0.0,
+        "truncated_frac": round(mean(m["finish_reason"] == "length" for m in flat), 4) if flat else 0.0,
     }
     for k in ks:
         per_prompt_pass, per_prompt_maj = [], []
         for p in range(len(examples)):
             ok = correct[p * n:(p + 1) * n]
-            keys = [answer_key(c.text, spec) for c in flat[p * n:(p + 1) * n]]
+            keys = [answer_key(m["completion"], spec) for m in flat[p * n:(p + 1) * n]]
             per_prompt_pass.append(pass_at_k(n, sum(ok), k))
             per_prompt_maj.append(maj_at_k(keys, ok, k))
         out[f"pass@{k}"] = round(mean(per_prompt_pass), 4)

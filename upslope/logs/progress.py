@@ -90,3 +90,31 @@ def step_display(total: int, start: int = 0, enabled: bool = True) -> Iterator[_
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=total, completed=start, reward=0.0, acc=0.0)
         yield _StepDisplay(progress, task)
+
+
+class Report:
+    """The run's human-readable messages (notes, warnings, results) on stderr: trainers and the
+    loop report through this sink, never the console directly."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def note(self, message: str) -> None:
+        """A low-key line (set-up details, where files went)."""
+        self._print(f"[dim]{message}[/dim]")
+
+    def warn(self, message: str) -> None:
+        """Something the user should know (data dropped, options ignored)."""
+        self._print(f"[yellow]{message}[/]")
+
+    def info(self, message: str) -> None:
+        """A plain line (resume, stop)."""
+        self._print(message)
+
+    def result(self, message: str) -> None:
+        """A headline result (evaluation)."""
+        self._print(f"[bold]{message}[/]")
+
+    def _print(self, markup: str) -> None:
+        if self.enabled:
+            console.print(markup)

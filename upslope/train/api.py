@@ -8,11 +8,11 @@ from upslope.config import Config, load_config
 
 # command -> "module:class" of the BaseTrainer subclass that runs it (imported on use)
 TRAINERS = {
-    "train": "upslope.train.loop:Trainer",
-    "sft": "upslope.train.sft:SFTTrainer",
-    "rft": "upslope.train.rft:RFTTrainer",
-    "distill": "upslope.train.distill:DistillTrainer",
-    "dpo": "upslope.train.dpo:DPOTrainer",
+    "train": "upslope.train.trainers.rl:Trainer",
+    "sft": "upslope.train.trainers.sft:SFTTrainer",
+    "rft": "upslope.train.trainers.rft:RFTTrainer",
+    "distill": "upslope.train.trainers.distill:DistillTrainer",
+    "dpo": "upslope.train.trainers.dpo:DPOTrainer",
 }
 
 
@@ -36,3 +36,23 @@ def run_trainer(command: str, config: Config | str | None = None,
 def train(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """Online RL (GRPO and the algorithm recipes)."""
     return run_trainer("train", config, overrides)
+
+
+def sft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope sft` from Python: supervised fine-tuning (and DFT)."""
+    return run_trainer("sft", config, overrides)
+
+
+def rft(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope rft` from Python: rejection-sampling fine-tuning."""
+    return run_trainer("rft", config, overrides)
+
+
+def dpo(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope dpo` from Python: preference optimisation (DPO, IPO, SimPO)."""
+    return run_trainer("dpo", config, overrides)
+
+
+def distill(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope distill` from Python: on-policy distillation."""
+    return run_trainer("distill", config, overrides)

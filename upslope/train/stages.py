@@ -2,6 +2,7 @@
 rollout -> reward -> filter -> advantage. (The update and weight sync live in the learner.)"""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -9,10 +10,14 @@ import torch
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.errors import UpslopeError
+from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
 from upslope.rollout.base import Engine, SamplingParams
 
+RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
 
+
+@ROLLOUTS.register("single_turn")
 def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
             pad_id: int, group_offset: int = 0) -> Batch:
     """n completions per prompt through the engine, as a Batch (one group per prompt)."""
@@ -26,20 +31,23 @@ def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[
             gids.append(group_offset + g)
             trunc.append(c.truncated)
             meta.append({**ex.meta, "answer": ex.answer, "completion": c.text, "example_id": ex.id,
-                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens})
+                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens,
+                         "finish_reason": c.finish_reason})
     return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, engine.version, meta)
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-           fallback: float) -> tuple[Batch, dict[str, float]]:
-    """Score each completion with every reward; set named components and the combined reward."""
+           fallback: float, strict: bool = True) -> tuple[Batch, dict[str, float]]:
+    """Score each completion with every reward: a Batch with named components and the combined
+    reward. With `strict`, a reward that fails on every sample of a batch is an error."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
-    batch.reward_components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
-    batch.rewards = combiner(batch.reward_components, batch.group_ids, weights=result.weights).float()
+    components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
+    batch = replace(batch, reward_components=components,
+                    rewards=combiner(components, batch.group_ids, weights=result.weights).float())
     for name, count in result.failures.items():
-        if count == batch.size and batch.size > 1:
+        if strict and count == batch.size and batch.size > 1:
             raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
                                f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
@@ -65,37 +73,36 @@ def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta:
     kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
     base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
                                                                                           batch.loss_mask)
-    batch.token_rewards = kl_in_reward(base, kl, beta, batch.loss_mask)
-    batch.rewards = batch.rewards - beta * kl.sum(1)
-    return batch, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
+                  rewards=batch.rewards - beta * kl.sum(1))
+    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
 
 
 def mask_truncated(batch: Batch) -> Batch:
     """DAPO overlong filtering: completions cut at max_new_tokens train on nothing."""
     from upslope.algos.filters import overlong_mask
 
-    batch.loss_mask = overlong_mask(batch)
-    return batch
+    return replace(batch, loss_mask=overlong_mask(batch))
 
 
 def values_and_returns(batch: Batch, values: torch.Tensor) -> Batch:
-    """Store the critic's values; the `critic=True` advantage then returns (advantages, returns) once."""
-    batch.values = values
-    return batch
+    """The batch with the critic's values; the `critic=True` advantage then returns (advantages, returns) once."""
+    return replace(batch, values=values)
 
 
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]) -> Batch:
-    """Set batch.advantages (0 off the loss mask); a `critic=True` estimator's (advantages, returns) sets both."""
-    out = fn(batch)
+    """The batch with per-token advantages from the estimator `fn`, zero off the trained tokens; a
+    `critic=True` estimator's (advantages, returns) sets both."""
+    out, returns = fn(batch), batch.returns
     if isinstance(out, tuple):
-        out, batch.returns = out
-    batch.advantages = out.float() * batch.loss_mask
-    return batch
+        out, returns = out
+    return replace(batch, advantages=out.float() * batch.loss_mask, returns=returns)
 
 
 def zero_variance_fraction(batch: Batch) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    assert batch.rewards is not None
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal); 0 for an unscored batch."""
+    if batch.rewards is None:
+        return 0.0
     flat = 0
     groups = batch.group_ids.unique()
     for g in groups:

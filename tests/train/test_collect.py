@@ -1,0 +1,104 @@
+"""The collect stage on the real HF engine and a real reward: resampling rounds until enough
+groups are kept, unique group ids across rounds, the cut to `want` groups, what is counted;
+and the one timing helper."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from upslope.config import RewardSpec
+from upslope.data.types import Example
+from upslope.registry import REWARD_COMBINERS, ROLLOUTS
+from upslope.rewards import build_reward_fns
+from upslope.rollout.base import SamplingParams
+from upslope.train import stages
+from upslope.train.collect import Task, collect, rollout_fn
+from upslope.train.timing import StageClock, throughput
+
+TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
+QUESTIONS = [f"What is {i} + {i}?" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def task(encode_chat) -> Task:
+    fns = build_reward_fns([RewardSpec(name=f"{TOY}:long_text")])
+    return Task(encode_chat(QUESTIONS), [Example(prompt=q, answer=str(2 * i)) for i, q in enumerate(QUESTIONS)],
+                fns, REWARD_COMBINERS.bind("weighted_sum"))
+
+
+class Draws:
+    """Prompt indices in order, recording each request's size."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.next_index = 0
+
+    def __call__(self, k: int) -> list[int]:
+        self.asked.append(k)
+        out = [(self.next_index + i) % len(QUESTIONS) for i in range(k)]
+        self.next_index += k
+        return out
+
+
+def sampling(round_: int) -> SamplingParams:
+    return SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=100 + round_, stop_token_ids=[2])
+
+
+def test_resampling_refills_until_want_groups_are_kept(hf_engine, task):
+    """Keeping only even group ids: round 1 draws 4 prompts and keeps 2 groups, round 2 draws the
+    2 missing and keeps 1 (ids 4, 5: only 4 is even), round 3 draws 1 more (id 6) and is full."""
+    draws, clock = Draws(), StageClock()
+    keep = lambda b: b.select(torch.nonzero(b.group_ids % 2 == 0).flatten())  # noqa: E731
+    got = collect(hf_engine, task, draws, sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep, clock=clock)
+    assert draws.asked == [4, 2, 1]
+    assert got.indices == [0, 1, 2, 3, 4, 5, 6] and got.drawn == 7
+    assert sorted(got.batch.group_ids.unique().tolist()) == [0, 2, 4, 6]  # unique across rounds
+    assert got.kept_groups == 4 and got.dropped == 3 and got.batch.size == 8
+    assert got.seen.size == 14 and got.metrics["rollout/prompts_drawn"] == 7.0
+    assert got.metrics["rollout/generated_tokens"] == float(got.seen.completion_lens.sum())
+    assert got.batch.rewards is not None and len(got.batch.reward_components) == 1
+    assert set(clock.seconds) == {"rollout", "reward"}
+
+
+def test_full_rounds_without_refill_and_the_cut_to_want(hf_engine, task):
+    """refill=False draws per_round every round (on-policy DPO); more kept groups than wanted are
+    cut to the first `want`."""
+    draws = Draws()
+    got = collect(hf_engine, task, draws, sampling, 2, want=3, per_round=2, refill=False, max_rounds=3)
+    assert draws.asked == [2, 2]
+    assert got.kept_groups == 4 and got.batch.group_ids.unique().tolist() == [0, 1, 2]
+
+
+def test_the_round_limit_stops_an_empty_keep(hf_engine, task):
+    draws = Draws()
+    got = collect(hf_engine, task, draws, sampling, 2, want=2, per_round=2, max_rounds=1, keep=lambda b: b.select([]))
+    assert draws.asked == [2, 2] and got.batch.size == 0 and got.dropped == 4 and got.seen.size == 8
+
+
+def test_no_rewards_means_no_reward_stage(hf_engine, task):
+    bare = Task(task.prompt_ids, task.examples)
+    clock = StageClock()
+    got = collect(hf_engine, bare, Draws(), sampling, 2, want=2, per_round=2, clock=clock)
+    assert got.batch.rewards is None and "reward" not in clock.seconds and got.batch.size == 4
+
+
+def test_rollouts_come_from_the_registry():
+    assert rollout_fn("single_turn") is stages.rollout
+    assert ROLLOUTS.get("single_turn").fn is stages.rollout
+
+
+def test_stage_clock_accumulates_per_stage():
+    clock = StageClock()
+    for _ in range(2):
+        with clock("a"):
+            time.sleep(0.01)
+    with pytest.raises(RuntimeError):
+        with clock("b"):
+            raise RuntimeError("the time still counts")
+    m = clock.metrics()
+    assert set(m) == {"time/a", "time/b"} and m["time/a"] >= 0.02
+    assert throughput({"rollout/generated_tokens": 10.0, "time/rollout": 2.0, "learner/tokens": 4.0}) == \
+        {"rollout/tokens_per_s": 5.0}  # no learner time: no learner rate

@@ -1,0 +1,94 @@
+"""The collect stage every sampling method shares: draw prompts -> rollout -> reward -> keep,
+in resampling rounds until enough groups are kept. Online RL keeps what its filters keep,
+on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep everything."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from upslope.batch import Batch, concat
+from upslope.data.types import Example
+from upslope.registry import ROLLOUTS
+from upslope.rewards import RewardFn
+from upslope.rollout.base import Engine, SamplingParams
+from upslope.train import stages
+from upslope.train.timing import StageClock
+
+
+@dataclass
+class Task:
+    """What a method samples from and how it scores: encoded prompts, their examples, rewards."""
+
+    prompt_ids: list[list[int]]
+    examples: list[Example]
+    reward_fns: list[RewardFn] = field(default_factory=list)  # empty: no reward stage (e.g. distillation)
+    combiner: Callable[..., torch.Tensor] | None = None
+    fallback: float = 0.0
+
+
+@dataclass
+class Collected:
+    """The kept batch (at most `want` groups), everything sampled, and what was counted on the way."""
+
+    batch: Batch
+    seen: Batch
+    metrics: dict[str, Any]
+    indices: list[int]  # the prompt index of each group id, over every round
+    kept_groups: int  # groups kept over every round (may exceed `want`; the batch is cut to `want`)
+    dropped: int  # groups the keep step removed
+
+    @property
+    def drawn(self) -> int:
+        """Prompts drawn over every round."""
+        return len(self.indices)
+
+
+def rollout_fn(kind: str) -> stages.RolloutFn:
+    """The rollout plugin named by `rollout.kind` (unknown names: one ConfigError line)."""
+    return ROLLOUTS.get(kind, "rollout.kind").fn
+
+
+def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
+            pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
+            keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
+            clock: StageClock | None = None, strict_rewards: bool = True) -> Collected:
+    """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
+    missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
+    reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
+    1 + `max_rounds` rounds. Group ids are unique across rounds."""
+    clock = clock or StageClock()
+    seen: list[Batch] = []
+    kept: list[Batch] = []
+    metrics: dict[str, Any] = {}
+    groups = dropped = 0
+    indices: list[int] = []
+    for round_ in range(max_rounds + 1):
+        idx = list(draw(want - groups if round_ and refill else per_round))
+        with clock("rollout"):
+            b = rollout(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
+                        sampling(round_), pad_id, group_offset=len(indices))
+        if task.reward_fns:
+            with clock("reward"):
+                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards)
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        indices += idx
+        seen.append(b)
+        b = keep(b) if keep is not None else b
+        dropped += len(idx) - (b.num_groups if b.size else 0)
+        if b.size:
+            kept.append(b)
+            groups += b.num_groups
+        if groups >= want:
+            break
+    everything = concat(seen, pad_id)
+    metrics.update(stages.rollout_metrics(everything))
+    metrics["rollout/generated_tokens"] = float(everything.completion_lens.sum())
+    metrics["rollout/prompts_drawn"] = float(len(indices))
+    batch = concat(kept, pad_id) if kept else everything.select([])
+    if batch.size and batch.num_groups > want:
+        first = batch.group_ids.unique()[:want]
+        batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
+    return Collected(batch, everything, metrics, indices, groups, dropped)

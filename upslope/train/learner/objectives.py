@@ -1,0 +1,256 @@
+"""What an update optimises: one objective per method, passed by its trainer to
+`Updater.update`. An objective scores micro-batches (`loss`), may prepare the batch first
+(old log-probs), skip rows whose loss is exactly zero, gather extra log-probs in the same
+forward, and add metrics over the whole batch (`finish`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from upslope.algos.aggregate import aggregate
+from upslope.algos.correction import importance_correction
+from upslope.algos.kl import AdaptiveKLController, FixedKLController
+from upslope.batch import Batch
+from upslope.config import AlgoConfig, TrainConfig
+from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
+from upslope.train import stages
+
+if TYPE_CHECKING:
+    from upslope.train.learner.updater import Updater
+
+Metrics = dict[str, float]
+
+
+def zero_advantage_rows(batch: Batch) -> torch.Tensor:
+    """bool [N]: rows whose advantage is 0 at every trained token (e.g. a GRPO group whose
+    samples all got the same reward)."""
+    assert batch.advantages is not None
+    return ((batch.advantages != 0) & (batch.loss_mask > 0)).sum(dim=1) == 0
+
+
+class Objective:
+    """The default hooks: log-probs at temperature 1 (the model's own distribution), no
+    preparation, no skipped rows, no gathered ids, micro-batches free to split groups."""
+
+    temperature: float = 1.0
+    entropy_grad: bool = False  # does the loss back-propagate through the entropy?
+    whole_groups: bool = False  # must every micro-batch hold whole groups (pairs)?
+    skips_rows: bool = False  # may rows with exactly zero loss be left out of the forward?
+
+    def prepare(self, batch: Batch, updater: "Updater") -> Batch:
+        """The batch the update runs on (e.g. with old log-probs for several optimiser steps)."""
+        return batch
+
+    def skip_rows(self, mini: Batch) -> torch.Tensor:
+        """bool [N]: rows of the mini-batch whose loss and gradient are exactly 0."""
+        return torch.zeros(mini.size, dtype=torch.bool)
+
+    def gather_ids(self, mb: Batch) -> torch.Tensor | None:
+        """Token ids [n, L, K] whose policy log-probs the loss also needs (None: none)."""
+        return None
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        """The micro-batch's share of the mini-batch loss (normalised by `norms`) and per-token metrics."""
+        raise NotImplementedError
+
+    def finish(self, batch: Batch) -> Metrics:
+        """Metrics over the whole prepared batch, after the update."""
+        return {}
+
+
+class SupervisedObjective(Objective):
+    """SFT and RFT: token-mean NLL (or DFT) over loss_mask."""
+
+    def __init__(self, dft: bool):
+        self.dft = dft
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        from upslope.algos.sft import sft_loss
+
+        loss, metrics = sft_loss(lp, mb.loss_mask, num_tokens=norms["num_tokens"], dft=self.dft)
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+
+class FunctionObjective(Objective):
+    """An objective from a plain loss function `fn(lp, ent, mb, norms) -> (loss, metrics)` (e.g.
+    a preference loss over pair rows), with its hooks' settings as keywords."""
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor, Batch, Metrics], tuple[torch.Tensor, Metrics]],
+                 *, whole_groups: bool = False, temperature: float = 1.0):
+        self.fn, self.whole_groups, self.temperature = fn, whole_groups, temperature
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        return self.fn(lp, ent, mb, norms)
+
+
+def several_passes(train: TrainConfig) -> bool:
+    """More than one optimiser step per batch (later steps see samples of an older policy)?"""
+    return train.updates_per_batch * train.epochs_per_batch > 1
+
+
+class RLObjective(Objective):
+    """Online RL: the configured policy loss on the advantages, with importance correction
+    against the sampler, KL to the frozen reference (in the loss, or folded into the reward
+    by `with_reference`) and an entropy bonus, aggregated as algo.loss_agg."""
+
+    def __init__(self, algo: AlgoConfig, train: TrainConfig, updater: "Updater", *, temperature: float,
+                 max_new_tokens: int):
+        self.algo, self.train, self.updater = algo, train, updater
+        self.temperature = temperature
+        self.entropy_grad = bool(algo.entropy_coef)
+        self.uses_reference = algo.kl_coef > 0  # no reference model at all unless KL is used
+        if self.uses_reference:
+            updater.reference()
+            self.kl_fn = KL_ESTIMATORS.bind(algo.kl_estimator, where="algo.kl_estimator")
+        self.kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.kl_target
+                       else FixedKLController(algo.kl_coef))
+        self.policy_loss = POLICY_LOSSES.bind(algo.policy_loss.name, algo.policy_loss.options,
+                                              where="algo.policy_loss.options")
+        self.one_pass = not several_passes(train)
+        self.constant = algo.loss_agg_constant or float(max_new_tokens)
+        self.kl_in_loss = self.uses_reference and algo.kl_in == "loss"
+        self.skips_rows = (train.skip_zero_advantage and not self.kl_in_loss and not algo.entropy_coef
+                           and bool(POLICY_LOSSES.get(algo.policy_loss.name).attrs.get("zero_at_zero_advantage")))
+
+    @classmethod
+    def from_config(cls, cfg: Any, updater: "Updater") -> "RLObjective":
+        """The RL objective of a run's config (its algo and train sections, sampling temperature and length)."""
+        return cls(cfg.algo, cfg.train, updater, temperature=cfg.rollout.temperature or 1.0,
+                   max_new_tokens=cfg.rollout.max_new_tokens or 0)
+
+    # ------------------------------------------------------------------ before and after the update
+
+    def with_reference(self, batch: Batch) -> tuple[Batch, float | None]:
+        """The batch with the reference's log-probs and, with algo.kl_in=reward, old log-probs
+        and -beta * KL folded into the rewards (returns that KL); unchanged without a reference."""
+        if not self.uses_reference:
+            return batch, None
+        batch = replace(batch, ref_logprobs=self.updater.logprobs(batch, temperature=self.temperature,
+                                                                  reference=True))
+        if self.algo.kl_in != "reward":
+            return batch, None
+        batch = replace(batch, old_logprobs=self.updater.logprobs(batch, temperature=self.temperature))
+        return stages.kl_penalty_in_reward(batch, self.kl_fn, self.kl_ctl.value)
+
+    def after_update(self, kl: float, samples: int) -> Metrics:
+        """The KL coefficient this step used, then adaptive KL moves it toward its target."""
+        if not self.uses_reference:
+            return {}
+        out = {"kl_coef": self.kl_ctl.value}
+        self.kl_ctl.update(kl, samples)
+        return out
+
+    # ------------------------------------------------------------------ Objective hooks
+
+    def prepare(self, batch: Batch, updater: "Updater") -> Batch:
+        """Old log-probs cost a forward pass only when there is more than one optimiser step per batch."""
+        if not self.one_pass and batch.old_logprobs is None:
+            batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=self.temperature))
+        return batch
+
+    def skip_rows(self, mini: Batch) -> torch.Tensor:
+        return zero_advantage_rows(mini)
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        algo, mask = self.algo, mb.loss_mask
+        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
+        metrics = dict(metrics)
+        if algo.correction is not None:
+            c = algo.correction
+            weights, _, cm = importance_correction(old, mb.sampler_logprobs, mask, level=c.level, cap=c.cap,
+                                                   mask_low=c.mask_low, mask_high=c.mask_high)
+            per_token = per_token * weights  # masked tokens have weight 0
+            metrics.update({"tis/capped_frac": cm["capped_frac"], "tis/masked_frac": cm["masked_frac"]})
+        ntok = max(float(mask.sum()), 1.0)
+        if self.kl_in_loss:
+            kl = self.kl_fn(lp, mb.ref_logprobs)
+            per_token = per_token + self.kl_ctl.value * kl
+            metrics["kl"] = float((kl.detach() * mask).sum()) / ntok
+        if algo.entropy_coef:
+            per_token = per_token - algo.entropy_coef * ent
+        if self.one_pass:  # this forward is the policy that was sampled
+            metrics["mismatch"] = float(((lp.detach() - mb.sampler_logprobs).abs() * mask).sum()) / ntok
+        loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
+                         num_seqs=norms["num_seqs"], constant=self.constant)
+        return loss, metrics
+
+    def finish(self, batch: Batch) -> Metrics:
+        if batch.old_logprobs is None:
+            return {}
+        m = batch.loss_mask
+        return {"mismatch": float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum()
+                                  / m.sum().clamp(min=1))}
+
+
+class DistillObjective(Objective):
+    """On-policy distillation toward the teacher's scores on the batch (a distill_loss plugin),
+    with the student's log-probs at the teacher's top-k ids from the same forward."""
+
+    def __init__(self, loss_fn: Callable[..., Any], algo: AlgoConfig, train: TrainConfig, *, temperature: float,
+                 max_new_tokens: int):
+        self.loss_fn, self.algo = loss_fn, algo
+        self.temperature = temperature
+        self.entropy_grad = bool(algo.entropy_coef)
+        self.several = several_passes(train)
+        self.constant = algo.loss_agg_constant or float(max_new_tokens)
+
+    def prepare(self, batch: Batch, updater: "Updater") -> Batch:
+        """Later updates see samples of an older student: keep its log-probs."""
+        if self.several:
+            batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=self.temperature))
+        return batch
+
+    def gather_ids(self, mb: Batch) -> torch.Tensor | None:
+        return mb.teacher_topk_ids
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        from upslope.algos.distill import DistillInputs, distill_metrics
+
+        x = DistillInputs(lp, mb.teacher_logprobs, mb.loss_mask, gathered, mb.teacher_topk_logprobs, mb.old_logprobs)
+        per_token, loss_metrics = self.loss_fn(x)
+        if self.algo.entropy_coef:
+            per_token = per_token - self.algo.entropy_coef * ent
+        loss = aggregate(per_token, mb.loss_mask, self.algo.loss_agg, num_tokens=norms["num_tokens"],
+                         num_seqs=norms["num_seqs"], constant=self.constant)
+        return loss, {**distill_metrics(x), **loss_metrics}
+
+
+class PreferenceObjective(Objective):
+    """DPO, IPO, SimPO (a preference_loss plugin) over pair rows: micro-batches hold whole pairs;
+    the per-pair outputs seen during the update become its preference metrics."""
+
+    whole_groups = True
+
+    def __init__(self, loss_fn: Callable[..., Any]):
+        self.loss_fn = loss_fn
+        self.outs: list[Any] = []
+        self.seen: list[Any] = []
+
+    def prepare(self, batch: Batch, updater: "Updater") -> Batch:
+        self.outs, self.seen = [], []
+        return batch
+
+    def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
+             gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+        from upslope.train.methods.pair_batch import sequence_logps
+
+        policy = sequence_logps(lp, mb)
+        reference = sequence_logps(mb.ref_logprobs, mb) if mb.ref_logprobs is not None else None
+        out = self.loss_fn(policy, reference)
+        self.outs.append(out)
+        self.seen.append(policy)
+        # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
+        return out.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {}
+
+    def finish(self, batch: Batch) -> Metrics:
+        from upslope.algos.preference import preference_metrics
+
+        return preference_metrics(self.outs, self.seen)

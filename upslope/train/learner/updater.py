@@ -1,0 +1,246 @@
+"""The generic updater: the policy model, its optimiser and schedule, precision, token-budget
+micro-batching, checkpoint state and weight export. What is optimised comes from an
+`Objective` (RL, SFT, DPO, distillation) that the trainer passes to `Updater.update`."""
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from upslope import lora
+from upslope.algos.aggregate import loss_normalizers
+from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
+from upslope.config import Config, LoraConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.models import load_model
+from upslope.train.learner.finite import NonFiniteGuard
+from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
+from upslope.train.learner.memory import use_lean_activations
+from upslope.train.learner.optim import make_optimizer, make_scheduler
+
+if TYPE_CHECKING:
+    from upslope.train.learner.objectives import Objective
+
+
+def default_device() -> torch.device:
+    """Where the learner trains: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Updater:
+    """Model + optimiser + schedule, and the one update loop every objective shares."""
+
+    def __init__(self, model_path: str, model: ModelConfig, train: TrainConfig, optim: OptimConfig,
+                 lora_cfg: LoraConfig, device: str | torch.device | None = None):
+        self.model_cfg, self.train_cfg, self.optim_cfg, self.lora_cfg = model, train, optim, lora_cfg
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = load_model(model_path, model.dtype, model.trust_remote_code).to(self.device)
+        self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
+        if train.lean_activations:
+            use_lean_activations(self.model)
+        if lora_cfg.enabled:  # only the adapter trains; the base weights stay frozen
+            self.model = lora.wrap(self.model, lora_cfg)
+        self.model.train()
+        self.model_path = model_path
+        self._reference: Any = None
+        self.optimizer = make_optimizer(self.model.parameters(), optim, seed=train.seed)
+        total = train.steps * train.updates_per_batch * train.epochs_per_batch
+        self.scheduler = make_scheduler(self.optimizer, optim, total)
+        self.nonfinite = NonFiniteGuard(optim.max_nonfinite_steps)
+
+    @classmethod
+    def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None) -> "Updater":
+        """The updater for a run's config (only its model, train, optim and lora sections are read)."""
+        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device)
+
+    def reference(self) -> Any:
+        """The frozen reference (the initial model), loaded once on first use: with LoRA the
+        policy with its adapter switched off (no second copy in memory), else a fresh copy."""
+        if self._reference is None:
+            if self.lora_cfg.enabled:
+                self._reference = lora.AdapterOff(self.model)
+            else:
+                self._reference = load_model(self.model_path, self.model_cfg.dtype).to(self.device).eval()
+                self._reference.requires_grad_(False)
+        return self._reference
+
+    @property
+    def has_reference(self) -> bool:
+        """Has a frozen reference been loaded?"""
+        return self._reference is not None
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the policy's output head (padded heads may exceed the tokenizer's vocabulary)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    # ------------------------------------------------------------------ forward passes
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        enabled = self.train_cfg.precision == "bfloat16" and self.model_cfg.dtype == "float32"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    @property
+    def share_prompt(self) -> bool:
+        """Forward each group's prompt once (KV cache shared by its completions)?"""
+        return self.train_cfg.share_prompt
+
+    def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
+        """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
+        losses that compare a group's rows, e.g. a preference pair's chosen and rejected)."""
+        budget = self.train_cfg.micro_batch_tokens
+        if self.share_prompt:
+            return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget,
+                                             split_oversized=not whole_groups)
+        if whole_groups:
+            return group_micro_batch_indices(torch.zeros_like(batch.prompt_lens), batch.seq_lens, batch.group_ids,
+                                             budget, split_oversized=False)
+        return micro_batch_indices(batch.seq_lens, budget)
+
+    def forwarded_tokens(self, batch: Batch) -> int:
+        """Tokens one forward pass over the batch processes (each group's prompt once when shared)."""
+        if not self.share_prompt:
+            return int(batch.seq_lens.sum())
+        completions = int((batch.seq_lens - batch.prompt_lens).sum())
+        prompts = sum(int(batch.prompt_lens[batch.group_ids == g][0]) for g in batch.group_ids.unique())
+        return completions + prompts
+
+    def forward(self, model: Any, mb: Batch, *, temperature: float, entropy_grad: bool = False,
+                gather_ids: torch.Tensor | None = None, top_k: int = 0,
+                top_k_vocab: int | None = None) -> HeadOutput:
+        """One micro-batch through `model`: per-token log-probs and entropies at `temperature`."""
+        mb = mb.to(self.device)
+        with self.autocast():
+            shared = None
+            if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
+                shared = (mb.prompt_lens, mb.seq_lens, mb.group_ids)
+            return token_scores(model, mb.input_ids, mb.attention_mask, mb.loss_mask, shared=shared,
+                                chunk_rows=self.train_cfg.logprob_chunk, temperature=temperature,
+                                entropy_grad=entropy_grad and torch.is_grad_enabled(),
+                                gather_ids=None if gather_ids is None else gather_ids.to(self.device),
+                                top_k=top_k, top_k_vocab=top_k_vocab,
+                                checkpoint_layers=self.train_cfg.grad_checkpointing)
+
+    @torch.no_grad()
+    def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
+              top_k_vocab: int | None = None) -> HeadOutput:
+        """No-grad forward of the batch's trained tokens in token-budget micro-batches, on the CPU:
+        [N, L] log-probs and entropies, and with `top_k` the model's own top-k ids and log-probs
+        [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
+        model = self.model if model is None else model
+        n, length = batch.input_ids.shape
+        lp, ent = torch.zeros(n, length), torch.zeros(n, length)
+        topk_lp = torch.zeros(n, length, top_k) if top_k else None
+        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long) if top_k else None
+        self.model.eval()  # scoring: no dropout (LoRA's included)
+        try:
+            for idx in self.micro_batches(batch):
+                out = self.forward(model, batch.select(idx), temperature=temperature, top_k=top_k,
+                                   top_k_vocab=top_k_vocab)
+                rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
+                lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
+                if topk_lp is not None and topk_ids is not None:
+                    topk_lp[rows, :width], topk_ids[rows, :width] = out.topk_logprobs.cpu(), out.topk_ids.cpu()
+        finally:
+            self.model.train()
+        return HeadOutput(lp, ent, topk_logprobs=topk_lp, topk_ids=topk_ids)
+
+    def logprobs(self, batch: Batch, *, temperature: float, reference: bool = False) -> torch.Tensor:
+        """[N, L] log-probs of the batch's trained tokens under the policy (or the frozen reference)."""
+        return self.score(batch, self.reference() if reference else self.model, temperature=temperature).logprobs
+
+    # ------------------------------------------------------------------ update
+
+    def mini_batches(self, batch: Batch, step: int, updates: int | None = None,
+                     epochs: int | None = None) -> Iterator[Batch]:
+        """The batch split into `updates` mini-batches (default train.updates_per_batch), for each
+        of `epochs` passes (default train.epochs_per_batch); whole groups stay together."""
+        t = self.train_cfg
+        updates = updates or t.updates_per_batch
+        gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
+        for _ in range(epochs or t.epochs_per_batch):
+            groups = batch.group_ids.unique()
+            groups = groups[torch.randperm(len(groups), generator=gen)] if updates > 1 else groups
+            for part in torch.tensor_split(groups, min(updates, len(groups))):
+                rows = torch.nonzero(torch.isin(batch.group_ids, part)).flatten()
+                yield batch.select(rows)
+
+    def update(self, batch: Batch, step: int, objective: "Objective", updates: int | None = None,
+               epochs: int | None = None) -> dict[str, float]:
+        """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
+        optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
+        micro-batches. The objective first prepares the batch (e.g. old log-probs), then gives
+        each micro-batch's share of the mini-batch loss (normalised by the mini-batch's token and
+        sequence counts) and per-token-mean metrics. An objective that `gathers` gets the policy's
+        log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
+        whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
+        count them, so the update equals the one over every row."""
+        batch = objective.prepare(batch, self)
+        skips = objective.skips_rows
+        sums: dict[str, float] = defaultdict(float)
+        for mini in self.mini_batches(batch, step, updates, epochs):
+            norms = loss_normalizers(mini.loss_mask)
+            if skips:
+                keep = ~objective.skip_rows(mini)
+                sums["rows_skipped"] += float((~keep).sum())
+                mini = mini.select(torch.nonzero(keep).flatten())
+            sums["rows"] += float(mini.size)
+            for idx in self.micro_batches(mini, objective.whole_groups):
+                mb = mini.select(idx).to(self.device)
+                sums["forwarded"] += float(self.forwarded_tokens(mb))
+                out = self.forward(self.model, mb, temperature=objective.temperature,
+                                   entropy_grad=objective.entropy_grad, gather_ids=objective.gather_ids(mb))
+                loss, metrics = objective.loss(out.logprobs, out.entropy, mb, norms, out.gathered)
+                loss.backward()
+                ntok = float(mb.loss_mask.sum())
+                sums["tokens"] += ntok
+                sums["loss"] += float(loss.detach())
+                sums["entropy"] += float((out.entropy * mb.loss_mask).sum())
+                for k, v in metrics.items():
+                    sums[k] += float(v) * ntok
+            if mini.size == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
+                for p in self.model.parameters():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+            clip = self.optim_cfg.grad_clip
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+            if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
+                continue
+            sums["grad_norm"] += float(norm)
+            sums["updates"] += 1
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        tokens = sums.pop("tokens", 0.0)
+        n_updates = max(sums.pop("updates", 0.0), 1.0)
+        skipped, rows = sums.pop("rows_skipped", 0.0), sums.pop("rows", 0.0)
+        out = {"loss": sums.pop("loss", 0.0) / n_updates, "grad_norm": sums.pop("grad_norm", 0.0) / n_updates,
+               "lr": self.scheduler.get_last_lr()[0], "learner/tokens": sums.pop("forwarded", 0.0),
+               "learner/nonfinite_skipped": self.nonfinite.take()}
+        if skips:
+            out["learner/rows_skipped_frac"] = skipped / max(skipped + rows, 1.0)
+        if tokens:  # per-token means over the forwarded rows (none when every row was skipped)
+            out.update({k: v / tokens for k, v in sums.items()})
+        out.update(objective.finish(batch))
+        return out
+
+    # ------------------------------------------------------------------ state and export
+
+    def state(self) -> dict[str, Any]:
+        """Optimiser and schedule state for a checkpoint (the weights are saved with the model)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state` saved."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's parameters by HF name, for pushing into the rollout engine. With LoRA only
+        the blocks the adapter changes, merged (the engine keeps the frozen rest since its start)."""
+        if self.lora_cfg.enabled:
+            yield from lora.merged_weights(self.model)
+            return
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()

@@ -1,0 +1,38 @@
+"""One timing helper for every trainer: `with clock("rollout"): ...` adds the block's wall time
+to `time/rollout`, so no stage keeps its own `perf_counter` bookkeeping."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+
+class StageClock:
+    """Seconds spent per stage within one step (a stage entered twice, e.g. per resampling
+    round, accumulates)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        """Time the block and add it to `stage`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        """`time/<stage>` for every stage timed so far."""
+        return {f"time/{k}": v for k, v in self.seconds.items()}
+
+
+def throughput(metrics: dict[str, float]) -> dict[str, float]:
+    """Tokens per second of the rollout and the learner, from a step's token counts and stage times."""
+    out = {}
+    for kind, tokens in (("rollout", "rollout/generated_tokens"), ("learner", "learner/tokens")):
+        seconds = metrics.get(f"time/{kind}")
+        if tokens in metrics and seconds is not None:
+            out[f"{kind}/tokens_per_s"] = metrics[tokens] / max(seconds, 1e-9)
+    return out

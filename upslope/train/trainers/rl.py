@@ -1,0 +1,102 @@
+"""`upslope train`: online RL (GRPO and every recipe of the algorithm set) on the shared loop:
+collect (rollout -> reward -> filter) -> prepare (overlong mask, reference and KL, critic values,
+advantages) -> update with the RL objective -> weight sync."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from upslope.batch import Batch
+from upslope.config import Config
+from upslope.errors import ConfigError, UpslopeError
+from upslope.registry import ADVANTAGES, FILTERS
+from upslope.train import stages
+from upslope.train.learner.objectives import RLObjective
+from upslope.train.loop import BaseTrainer, seed_step
+
+def check_config(cfg: Config) -> None:
+    """Reject RL option combinations that cannot run (one ConfigError line)."""
+    if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
+        raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
+                          f"within a group, so it needs rollout.n >= 2")
+    if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
+        raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
+                          f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
+
+
+class Trainer(BaseTrainer):
+    """Online RL (GRPO and every recipe of the algorithm set): rollout -> reward -> filter ->
+    advantage -> update -> weight sync."""
+
+    def check_config(self) -> None:
+        check_config(self.cfg)
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.setup_task()
+        self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
+                                            where="algo.advantage.options")
+        self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
+                        for i, f in enumerate(cfg.algo.filters)]
+        self.critic = None
+        if ADVANTAGES.get(cfg.algo.advantage.name).attrs.get("critic"):  # PPO: a value model, only when needed
+            from upslope.train.methods.critic import Critic
+
+            self.critic = Critic.from_config(cfg, self.runtime.model_path, self.device)
+
+    def setup_objective(self) -> None:
+        self.objective = RLObjective.from_config(self.cfg, self.updater)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"critic": self.critic.state()} if self.critic is not None else {}
+
+    def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
+        if self.critic is not None:
+            if "critic" not in state:
+                raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
+            self.critic.load(state["critic"])
+
+    # ------------------------------------------------------------------ stages wired
+
+    def collect_batch(self, step: int) -> tuple[Batch, dict[str, Any]]:
+        """Rollout + reward + filter; with filters, draw more prompts until the batch is full
+        (at most rollout.max_resample_rounds extra rounds)."""
+        r = self.cfg.rollout
+        got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
+                           keep=lambda b: stages.apply_filters(b, self.filters))
+        metrics = got.metrics
+        metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
+        if self.filters:
+            metrics["filter/groups_dropped"] = float(got.dropped)
+        return got.batch, metrics
+
+    def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
+        """Between reward and update: overlong masking, reference log-probs (and KL folded
+        into the reward), critic values and returns, advantages."""
+        algo = self.cfg.algo
+        if algo.mask_truncated:
+            batch = stages.mask_truncated(batch)
+        batch, kl = self.objective.with_reference(batch)
+        if kl is not None:
+            metrics["kl"] = kl
+        if self.critic is not None:
+            batch = stages.values_and_returns(batch, self.critic.values(batch))
+        batch = stages.advantage(batch, self.advantage_fn)
+        metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
+        return batch
+
+    def step(self, step: int) -> dict[str, Any]:
+        seed_step(self.cfg.train.seed, step)
+        batch, metrics = self.collect_batch(step)
+        if batch.size == 0:
+            metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
+            return metrics
+        with self.clock("learner"):
+            batch = self.prepare(batch, metrics)
+            metrics.update(self.updater.update(batch, step, self.objective))
+            if self.critic is not None:
+                metrics.update(self.critic.train_step(batch))
+            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size))
+        with self.clock("sync"):
+            self.sync_weights()
+        return metrics
