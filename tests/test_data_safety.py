@@ -262,7 +262,7 @@ def test_diverging_run_stops_in_one_line_and_saves_only_finite_weights(tiny_mode
     rd = tmp_path / "run"
     rc = main(["train", *base(tiny_model_path, rd, "train.steps=8", "train.precision=float32", "optim.lr=1e30",
                               "optim.grad_clip=0", "rollout.n=4", "train.save_every=1",
-                              f"reward=[{{name: '{Path(__file__).parent / 'train' / 'toy_rewards.py'}:long_text'}}]")])
+                              f"reward=[{{name: '{Path(__file__).parent / 'fixtures' / 'toy_rewards.py'}:long_text'}}]")])
     line = one_error(capsys, after_progress=True)
     assert rc == 2 and "optim.max_nonfinite_steps=3" in line, line
     rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]

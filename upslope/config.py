@@ -206,6 +206,15 @@ class EvalConfig(Section):
     limit: int | None = opt(200, "evaluate on the first N prompts", ge=1)
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
 
+    @field_validator("k")
+    @classmethod
+    def _k_within_n(cls, k: list[int], info: Any) -> list[int]:
+        n = info.data.get("n", 1)
+        bad = [v for v in k if v > n or v < 1]
+        if bad:
+            raise ValueError(f"{bad} not in 1..eval.n={n} (sample more with eval.n=...)")
+        return k
+
 
 class LogConfig(Section):
     jsonl: bool = opt(True, "write metrics.jsonl in the run directory")

@@ -59,18 +59,23 @@ def test_kl_penalty_in_reward_by_hand():
 
 
 def test_values_and_returns_by_hand():
-    """gamma 1, lam 1: the return of every trained token is the outcome reward (no discount), whatever
-    the values; gamma 0.5: each step back halves it."""
+    """The critic's values are stored; the `critic=True` advantage (gae) then sets the returns once:
+    gamma 1, lam 1: the return of every trained token is the outcome reward (no discount), whatever
+    the values; gamma 0.5: each step back halves it; lam 0: one-step TD targets."""
     b = batch_of([2.0], [0], [3])
     values = torch.tensor([[0.0, 0.3, -0.7, 1.1]])
-    out = stages.values_and_returns(b, values, gamma=1.0, lam=1.0)
-    assert out.returns.tolist() == [pytest.approx([0.0, 2.0, 2.0, 2.0])]
-    assert torch.equal(out.values, values) and b.returns is None
-    half = stages.values_and_returns(b, values, gamma=0.5, lam=1.0)
-    assert half.returns.tolist() == [pytest.approx([0.0, 0.5, 1.0, 2.0])]
-    # lam 0: one-step TD targets r_t + gamma * V(next trained token)
-    td = stages.values_and_returns(b, values, gamma=1.0, lam=0.0)
-    assert td.returns.tolist() == [pytest.approx([0.0, -0.7, 1.1, 2.0])]
+    with_values = stages.values_and_returns(b, values)
+    assert torch.equal(with_values.values, values) and b.values is None and with_values.returns is None
+
+    def returns(gamma: float, lam: float) -> list[list[float]]:
+        gae = ADVANTAGES.bind("gae", {"gamma": gamma, "lam": lam, "whiten": False})
+        out = stages.advantage(with_values, gae)
+        assert with_values.returns is None  # a new batch; the input is untouched
+        return out.returns.tolist()
+
+    assert returns(1.0, 1.0) == [pytest.approx([0.0, 2.0, 2.0, 2.0])]
+    assert returns(0.5, 1.0) == [pytest.approx([0.0, 0.5, 1.0, 2.0])]
+    assert returns(1.0, 0.0) == [pytest.approx([0.0, -0.7, 1.1, 2.0])]
 
 
 def test_advantage_is_masked_to_trained_tokens():

@@ -9,14 +9,14 @@ from typing import Any
 from upslope.config import Config
 from upslope.errors import UpslopeError
 from upslope.eval.runner import evaluate
-from upslope.logs.progress import console, summary_table
+from upslope.logs.progress import Report, console, summary_table
 from upslope.runtime import Runtime
 
 
 def run_eval_command(cfg: Config) -> int:
     out_dir = Path(cfg.run_dir)
     check_outputs(out_dir, "eval")
-    runtime = Runtime.create(cfg, announce=lambda m: console.print(f"[dim]{m}[/dim]"))
+    runtime = Runtime.create(cfg, announce=Report().note)
     try:
         summary = evaluate(runtime, out_dir=out_dir, show_progress=cfg.log.progress)
     finally:

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(stderr=True)
+console = Console(stderr=True)  # progress, warnings and errors
+notes = Console()  # set-up notes: what was chosen and where files went (stdout, so one error line stays alone on stderr)
 
 
 class _Bar:
@@ -93,15 +94,17 @@ def step_display(total: int, start: int = 0, enabled: bool = True) -> Iterator[_
 
 
 class Report:
-    """The run's human-readable messages (notes, warnings, results) on stderr: trainers and the
-    loop report through this sink, never the console directly."""
+    """The run's human-readable messages: set-up notes on stdout; warnings, results and the rest on
+    stderr beside the progress display. Trainers and the loop report through this sink, never the
+    console directly."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
 
     def note(self, message: str) -> None:
-        """A low-key line (set-up details, where files went)."""
-        self._print(f"[dim]{message}[/dim]")
+        """A low-key line (set-up details, where files went), on stdout."""
+        if self.enabled:
+            notes.print(f"[dim]{message}[/dim]")
 
     def warn(self, message: str) -> None:
         """Something the user should know (data dropped, options ignored)."""

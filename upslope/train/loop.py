@@ -68,11 +68,11 @@ class BaseTrainer:
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
         self.updater = Updater.from_config(cfg, self.runtime.model_path, self.device)
         self.setup_objective()
+        self.start_step = 0
+        if t.resume:  # before the engine starts: a bad checkpoint is reported at once
+            self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
         if self.uses_engine:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
-        self.start_step = 0
-        if t.resume:
-            self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
         self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
 
     def check_config(self) -> None:
