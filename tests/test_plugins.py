@@ -295,3 +295,22 @@ def test_one_file_imported_as_a_module_and_by_path_registers_once(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(None, [f"plugins=[{pkg}, {path}]", f"algo.advantage.name={name}"])
     assert cfg.algo.advantage.name == name and ADVANTAGES.get(name).module == pkg  # the first import's entry
+
+
+def test_every_option_of_every_built_in_plugin_has_help():
+    """docs/plugins.md shows each option's help, read from the docstring's `name: help` lines."""
+    from upslope.registry import REGISTRIES, load_builtins
+
+    load_builtins()
+    missing, checked = [], 0
+    for kind, registry in sorted(REGISTRIES.items()):
+        for entry in registry.entries():
+            if not (entry.module == "upslope" or entry.module.startswith("upslope.")):
+                continue  # a plugin a test or a user registered
+            help_ = entry.option_help()
+            for option in entry.options():
+                checked += 1
+                if not help_.get(option):
+                    missing.append(f"{kind}/{entry.name}.{option}")
+    assert checked > 50
+    assert not missing, "built-in options without a `name: help` docstring line: " + ", ".join(missing)

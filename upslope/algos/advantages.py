@@ -35,7 +35,14 @@ def _tokens(per_sample: Tensor, batch: Batch) -> Tensor:
 @ADVANTAGES.register("grpo", grouped=True)
 def grpo(batch: Batch, *, scale_by_std: bool = True, eps: float = 1e-6, unbiased: bool = True,
          eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
-    """GRPO: (r - group mean) / (group std + eps), broadcast to the sample's tokens; 0 for a tied group."""
+    """GRPO: (r - group mean) / (group std + eps), broadcast to the sample's tokens; 0 for a tied group.
+
+    scale_by_std: divide by the group std (true) or only subtract the group mean (false)
+    eps: added to the group std before dividing (>= 0)
+    unbiased: group std with n - 1 (true) or the population n (false)
+    eps_in_sqrt: divide by sqrt(var + eps) instead of (std + eps)
+    singleton: a one-sample group gets 0 ("zero") or its raw reward ("raw", as verl)
+    """
     adv = group_normalize(_rewards(batch, "grpo"), batch.group_ids, scale_by_std=scale_by_std, eps=eps,
                           unbiased=unbiased, eps_in_sqrt=eps_in_sqrt, singleton=singleton)
     return _tokens(adv, batch)
@@ -43,14 +50,20 @@ def grpo(batch: Batch, *, scale_by_std: bool = True, eps: float = 1e-6, unbiased
 
 @ADVANTAGES.register("dr_grpo", grouped=True)
 def dr_grpo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
-    """Dr. GRPO: r - group mean (no std division, which biases toward easy/hard prompts)."""
+    """Dr. GRPO: r - group mean (no std division, which biases toward easy/hard prompts).
+
+    singleton: a one-sample group gets 0 ("zero") or its raw reward ("raw", as verl)
+    """
     adv = group_normalize(_rewards(batch, "dr_grpo"), batch.group_ids, scale_by_std=False, singleton=singleton)
     return _tokens(adv, batch)
 
 
 @ADVANTAGES.register("rloo", grouped=True)
 def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
-    """RLOO: r_i - mean of the other samples of its group (unbiased baseline); 0 for a tied group."""
+    """RLOO: r_i - mean of the other samples of its group (unbiased baseline); 0 for a tied group.
+
+    singleton: a one-sample group gets 0 ("zero") or its raw reward ("raw", as verl)
+    """
     r = _rewards(batch, "rloo")
     mean, _, count, tied = group_moments(r, batch.group_ids)
     others = (mean * count - r) / (count - 1).clamp(min=1)
@@ -65,6 +78,14 @@ def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1
                  unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
                  singleton: Singleton = "zero") -> Tensor:
     """REINFORCE++: reward-to-go (minus the group mean reward if group_baseline), whitened over all batch tokens.
+
+    group_baseline: subtract the group mean reward, then only divide by the batch std (REINFORCE++-baseline)
+    gamma: discount per trained token of the reward-to-go (0..1; 1: undiscounted)
+    eps: added to the batch std before dividing (>= 0)
+    unbiased: batch std with n - 1 (true) or the population n (false)
+    eps_in_sqrt: divide by sqrt(var + eps) instead of (std + eps)
+    reset_at_masked: restart the return at mask-0 positions in a row (verl) instead of carrying it across
+    singleton: with group_baseline, a one-sample group gets 0 ("zero") or baseline 0 ("raw", as verl)
 
     The per-token return is the discounted reward-to-go of `batch.token_rewards` (e.g. with
     a KL penalty folded in), or of the outcome reward on the last token if that is None,
@@ -120,6 +141,13 @@ def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = T
         unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
     """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.
 
+    gamma: discount per trained token (0..1; 1: undiscounted)
+    lam: GAE lambda (0..1): 0 is one-step TD, 1 the full return minus the value
+    whiten: whiten the advantages over the batch's trained tokens (returns are taken before)
+    eps: added to the batch std when whitening (>= 0)
+    unbiased: whitening std with n - 1 (true) or the population n (false)
+    eps_in_sqrt: when whitening, divide by sqrt(var + eps) instead of (std + eps)
+
     Token rewards default to the outcome reward on the last trained token. Returns are
     advantages + values from the un-whitened advantages (the critic's regression target);
     the advantages are then whitened over the batch's trained tokens if `whiten`.
@@ -139,6 +167,14 @@ def gdpo(batch: Batch, *, weights: dict[str, float] | None = None, batch_normali
          eps: float = 1e-6, unbiased: bool = True, batch_unbiased: bool = False, eps_in_sqrt: bool = False,
          singleton: Singleton = "zero") -> Tensor:
     """GDPO: normalise each reward component within its group, weighted-sum, then (optionally) normalise over the batch.
+
+    weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
+    batch_normalize: after the weighted sum, normalise by mean and std over the batch's N samples
+    eps: added to each std before dividing, group and batch (>= 0)
+    unbiased: per-component group std with n - 1 (true) or the population n (false)
+    batch_unbiased: batch std with n - 1 (true) or the population n (false)
+    eps_in_sqrt: divide by sqrt(var + eps) instead of (std + eps) (group and batch)
+    singleton: a one-sample group gets 0 ("zero") or its raw component values ("raw", as verl)
 
     Decoupling stops a high-variance component from drowning the others. Batch
     normalisation uses the mean/std (population unless `batch_unbiased`) over the N samples

@@ -21,7 +21,10 @@ def _weights(components: dict[str, Tensor], weights: dict[str, float] | None) ->
 @REWARD_COMBINERS.register("weighted_sum")
 def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *,
                  weights: dict[str, float] | None = None) -> Tensor:
-    """sum_k w_k * r_k (unlisted components weigh 1): the plain multi-reward combination."""
+    """sum_k w_k * r_k (unlisted components weigh 1): the plain multi-reward combination.
+
+    weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
+    """
     w = _weights(components, weights)
     return sum(w[k] * components[k].to(torch.float32) for k in components)
 
@@ -31,6 +34,12 @@ def group_normalized_sum(components: dict[str, Tensor], group_ids: Tensor, *,
                          weights: dict[str, float] | None = None, eps: float = 1e-6, unbiased: bool = True,
                          eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
     """GDPO-style: sum_k w_k * (r_k - group mean) / (group std + eps), so no component dominates by scale.
+
+    weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
+    eps: added to the group std before dividing (>= 0)
+    unbiased: group std with n - 1 (true) or the population n (false)
+    eps_in_sqrt: divide by sqrt(var + eps) instead of (std + eps)
+    singleton: a one-sample group gets 0 ("zero") or its raw component value ("raw", as verl)
 
     Float64 inside; the result has the components' float dtype (float32 at least). A
     component tied within a group adds exactly 0 there.

@@ -118,7 +118,12 @@ def forward_ce(x: DistillInputs) -> tuple[Tensor, dict[str, Tensor]]:
 @DISTILL_LOSSES.register("mix")
 def mix(x: DistillInputs, *, sampled_rkl: float = 0.0, topk_rkl: float = 0.5,
         forward_ce: float = 0.5) -> tuple[Tensor, dict[str, Tensor]]:
-    """Weighted sum of the losses above, e.g. reverse and forward KL (weights are the options, >= 0)."""
+    """Weighted sum of the losses above, e.g. reverse and forward KL (weights are the options, >= 0).
+
+    sampled_rkl: weight of the sampled reverse-KL loss (>= 0)
+    topk_rkl: weight of the top-k reverse-KL loss (>= 0)
+    forward_ce: weight of the top-k forward cross-entropy loss (>= 0; not all three 0)
+    """
     weights = {"sampled_rkl": sampled_rkl, "topk_rkl": topk_rkl, "forward_ce": forward_ce}
     if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
         raise ConfigError(f"distill.loss.options: mix weights must be >= 0 and not all 0 (got {weights})")

@@ -19,7 +19,10 @@ def _group_any(flag: Tensor, group_ids: Tensor) -> Tensor:
 
 @FILTERS.register("nonzero_std")
 def nonzero_std(batch: Batch, *, tol: float = 0.0) -> Tensor:
-    """DAPO dynamic sampling: keep groups whose rewards are not all equal (max - min > tol); they carry no signal."""
+    """DAPO dynamic sampling: keep groups whose rewards are not all equal (max - min > tol); they carry no signal.
+
+    tol: keep a group only if its max - min reward exceeds this (>= 0; 0: any difference)
+    """
     if batch.rewards is None:
         raise ConfigError("filter 'nonzero_std' needs batch.rewards")
     r = batch.rewards.to(torch.float32)
@@ -32,7 +35,10 @@ def nonzero_std(batch: Batch, *, tol: float = 0.0) -> Tensor:
 
 @FILTERS.register("max_length")
 def max_length(batch: Batch, *, scope: Literal["group", "sample"] = "group") -> Tensor:
-    """Drop truncated completions (hit max_new_tokens): the whole group (scope="group") or just the sample."""
+    """Drop truncated completions (hit max_new_tokens): the whole group (scope="group") or just the sample.
+
+    scope: for a truncated completion drop its whole group ("group") or only that sample ("sample")
+    """
     trunc = batch.truncated.bool()
     return ~(_group_any(trunc, batch.group_ids) if scope == "group" else trunc)
 

@@ -29,19 +29,28 @@ def _log_ratio(logprobs: Tensor, ref_logprobs: Tensor, max_log_ratio: float) -> 
 
 @KL_ESTIMATORS.register("k1")
 def k1(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
-    """k1 = log pi - log ref: unbiased KL estimate, high variance, may be negative."""
+    """k1 = log pi - log ref: unbiased KL estimate, high variance, may be negative.
+
+    max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)
+    """
     return _log_ratio(logprobs, ref_logprobs, max_log_ratio)
 
 
 @KL_ESTIMATORS.register("k2")
 def k2(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
-    """k2 = (log pi - log ref)^2 / 2: low variance, slightly biased, non-negative."""
+    """k2 = (log pi - log ref)^2 / 2: low variance, slightly biased, non-negative.
+
+    max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)
+    """
     return 0.5 * _log_ratio(logprobs, ref_logprobs, max_log_ratio) ** 2
 
 
 @KL_ESTIMATORS.register("k3")
 def k3(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
-    """k3 = exp(ref - lp) - (ref - lp) - 1: unbiased, low variance, always >= 0."""
+    """k3 = exp(ref - lp) - (ref - lp) - 1: unbiased, low variance, always >= 0.
+
+    max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)
+    """
     d = -_log_ratio(logprobs, ref_logprobs, max_log_ratio)
     return (torch.expm1(d) - d).clamp(min=0)  # clamp: guard a rounding step below 0 at tiny d
 

@@ -61,7 +61,12 @@ def _clipped(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high:
 @POLICY_LOSSES.register("ppo_clip", zero_at_zero_advantage=True)
 def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
              eps_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO/GRPO/DAPO clipped surrogate with asymmetric clip (DAPO: eps_high 0.28) and optional dual clip c > 1."""
+    """PPO/GRPO/DAPO clipped surrogate with asymmetric clip (DAPO: eps_high 0.28) and optional dual clip c > 1.
+
+    eps_low: the ratio is clipped below at 1 - eps_low (0 <= eps_low < 1)
+    eps_high: the ratio is clipped above at 1 + eps_high (>= 0; DAPO: 0.28)
+    dual_clip: c > 1: for A < 0 each token's loss is capped at -c * A (null: off)
+    """
     _check_eps(eps_low, eps_high)
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
     return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, dual_clip)
@@ -72,6 +77,10 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
          eps_high: float = 4e-4,
          clamp: Literal["sequence", "token", "none"] = "sequence") -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: sequence ratio exp(mean token log-ratio), clipped per sequence, token-level sg form (GSPO-token).
+
+    eps_low: the sequence ratio is clipped below at 1 - eps_low (0 <= eps_low < 1; paper: 3e-4)
+    eps_high: the sequence ratio is clipped above at 1 + eps_high (>= 0; paper: 4e-4)
+    clamp: log-ratio clamp at +-20: the sequence mean ("sequence"), each token ("token") or none ("none")
 
     s_{i,t} = sg[s_i] * exp(lp_t - sg[lp_t]): its value is s_i on every token, its gradient
     wrt lp_t is s_i. Aggregated with `seq_mean_token_mean` this is exactly GSPO's gradient.
@@ -96,7 +105,11 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
 @POLICY_LOSSES.register("cispo", zero_at_zero_advantage=True)
 def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_high: float = 0.28,
           eps_low: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """CISPO: -sg(clip(ratio, max=1+eps_high[, min=1-eps_low])) * A * logprob; every token keeps its gradient."""
+    """CISPO: -sg(clip(ratio, max=1+eps_high[, min=1-eps_low])) * A * logprob; every token keeps its gradient.
+
+    eps_high: the detached IS weight is capped at 1 + eps_high (>= 0)
+    eps_low: the IS weight is floored at 1 - eps_low (0 <= eps_low < 1; null: no floor)
+    """
     _check_eps(eps_low or 0.0, eps_high)
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
     weight = ratio.clamp(min=None if eps_low is None else 1 - eps_low, max=1 + eps_high)

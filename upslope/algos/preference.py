@@ -63,7 +63,11 @@ def _need(reference: PairLogps | None, name: str) -> PairLogps:
 @PREFERENCE_LOSSES.register("sigmoid", reference=True)
 def sigmoid(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1,
             label_smoothing: Smoothing = 0.0) -> PreferenceOut:
-    """DPO (Rafailov et al., 2023): -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))) on summed log-probs."""
+    """DPO (Rafailov et al., 2023): -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))) on summed log-probs.
+
+    beta: scale of the implicit reward beta * (log pi - log ref) (> 0)
+    label_smoothing: probability that a preference label is flipped (0 <= e < 0.5; conservative DPO)
+    """
     ref = _need(reference, "sigmoid")
     chosen = beta * (policy.chosen - ref.chosen)
     rejected = beta * (policy.rejected - ref.rejected)
@@ -72,7 +76,10 @@ def sigmoid(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1,
 
 @PREFERENCE_LOSSES.register("ipo", reference=True)
 def ipo(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1) -> PreferenceOut:
-    """IPO (Azar et al., 2023): (h - 1/(2 beta))^2, h the log-ratio difference of length-averaged log-probs."""
+    """IPO (Azar et al., 2023): (h - 1/(2 beta))^2, h the log-ratio difference of length-averaged log-probs.
+
+    beta: regularisation strength: the target margin is 1 / (2 beta) (> 0)
+    """
     pol, ref = policy.mean(), _need(reference, "ipo").mean()
     chosen, rejected = pol.chosen - ref.chosen, pol.rejected - ref.rejected
     loss = (chosen - rejected - 1 / (2 * beta)) ** 2
@@ -82,7 +89,12 @@ def ipo(policy: PairLogps, reference: PairLogps | None, *, beta: Beta = 0.1) -> 
 @PREFERENCE_LOSSES.register("simpo", reference=False)
 def simpo(policy: PairLogps, reference: PairLogps | None = None, *, beta: Beta = 2.0, gamma: float = 1.0,
           label_smoothing: Smoothing = 0.0) -> PreferenceOut:
-    """SimPO (Meng et al., 2024), reference-free: -log sigmoid(beta (avg_lp_c - avg_lp_r) - gamma)."""
+    """SimPO (Meng et al., 2024), reference-free: -log sigmoid(beta (avg_lp_c - avg_lp_r) - gamma).
+
+    beta: scale of the length-averaged log-prob reward (> 0)
+    gamma: target reward margin subtracted from the chosen - rejected difference
+    label_smoothing: probability that a preference label is flipped (0 <= e < 0.5)
+    """
     pol = policy.mean()
     chosen, rejected = beta * pol.chosen, beta * pol.rejected
     loss = bradley_terry_loss(chosen - rejected - gamma, label_smoothing)

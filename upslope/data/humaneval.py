@@ -74,5 +74,9 @@ def _example(row: dict) -> Example:
 
 @TASKS.register("humaneval", reward="code", max_new_tokens=384)
 def humaneval(*, path: str = DEFAULT_PATH, limit: int | None = None) -> list[Example]:
-    """HumanEval: complete 164 Python functions; scored by running their unit tests (reward `code`)."""
+    """HumanEval: complete 164 Python functions; scored by running their unit tests (reward `code`).
+
+    path: HumanEval .jsonl or .jsonl.gz file, or a directory holding one (default: the shared copy)
+    limit: read at most this many problems (null: all 164)
+    """
     return load_humaneval(path, limit)

@@ -38,7 +38,16 @@ def _data_file(path: str | None, *parts: str) -> Path:
 def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
           allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?") -> list[Example]:
     """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
-    the answer is the integer result. The test split uses a different seed."""
+    the answer is the integer result. The test split uses a different seed.
+
+    split: "train" or "test" (the test split uses a different seed)
+    ops: operations drawn from, a string of any of "+", "-", "*" (e.g. "+-")
+    digits: digits of each operand (>= 1)
+    count: number of problems
+    seed: random seed (the test split adds a fixed offset)
+    allow_zero: with 1-digit operands, allow the operand 0
+    prompt: format string of the question, with {a}, {op} and {b}
+    """
     for op in ops:
         if op not in _OPS:
             raise DataError(f"data.options.ops: unknown operation '{op}' (use any of + - *)")
@@ -63,7 +72,12 @@ def _gsm8k_answer(text: str) -> str:
 @TASKS.register("gsm8k", reward="math", max_new_tokens=256)
 def gsm8k(*, split: str = "test", path: str | None = None,
           instruction: str = "{prompt}\nPut your final answer after '####'.") -> list[Example]:
-    """Grade-school math word problems (GSM8K); the reference is the number after '####'."""
+    """Grade-school math word problems (GSM8K); the reference is the number after '####'.
+
+    split: which file, gsm8k/<split>.jsonl in the shared data ("train" or "test")
+    path: a .jsonl file to read instead (fields question, answer)
+    instruction: prompt template; {prompt} is the question
+    """
     file = _data_file(path, "gsm8k", f"{split}.jsonl")
     examples = records_to_examples(read_records(file), prompt_field="question", answer_field="answer",
                                    template=instruction)
@@ -84,7 +98,10 @@ def _competition(name: str, folder: str):
             ex.answer = str(ex.answer)
         return examples
 
-    task.__doc__ = f"{name}: competition math problems with a reference answer (math-verify reward)."
+    task.__doc__ = (f"{name}: competition math problems with a reference answer (math-verify reward).\n\n"
+                    f"split: ignored: the task reads only {folder}/test.jsonl in the shared data\n"
+                    "path: a .jsonl file to read instead (fields problem, answer)\n"
+                    "instruction: prompt template; {prompt} is the problem")
     return task
 
 

@@ -13,7 +13,11 @@ def integer_reward(completion: str, answer: Any, meta: dict, *,
                    extract: Literal["first", "last", "after_equals", "boxed", "after_hashes"] = "first",
                    strict: bool = True) -> float:
     """1 if the extracted integer equals the answer. strict: the extraction strategy alone
-    decides; lenient: any integer in the completion that equals the answer counts."""
+    decides; lenient: any integer in the completion that equals the answer counts.
+
+    extract: where the integer is read: first, last, after_equals (last '='), boxed (\\boxed{}), after_hashes ('####')
+    strict: only the extracted integer counts (true), or any integer in the completion equal to the answer
+    """
     target = int(str(answer).replace(",", "").strip())
     got = extract_integer(completion, extract)
     if got == target:
@@ -26,7 +30,11 @@ def integer_reward(completion: str, answer: Any, meta: dict, *,
 @REWARDS.register("exact")
 def exact_reward(completion: str, answer: Any, meta: dict, *, case_sensitive: bool = False,
                  strip: bool = True) -> float:
-    """1 if the completion equals the reference text."""
+    """1 if the completion equals the reference text.
+
+    case_sensitive: compare case-sensitively (false: both lower-cased first)
+    strip: strip surrounding whitespace from both before comparing
+    """
     a, b = str(completion), str(answer)
     if strip:
         a, b = a.strip(), b.strip()
@@ -38,7 +46,11 @@ def exact_reward(completion: str, answer: Any, meta: dict, *, case_sensitive: bo
 @REWARDS.register("format")
 def format_reward(completion: str, answer: Any, meta: dict, *, pattern: str = r"\\boxed\{.+\}",
                   full_match: bool = False) -> float:
-    """1 if the completion matches a regular expression (search, or full match)."""
+    """1 if the completion matches a regular expression (search, or full match).
+
+    pattern: Python regular expression (DOTALL) the completion must match
+    full_match: the stripped completion must match as a whole (false: a match anywhere)
+    """
     flags = re.DOTALL
     hit = re.fullmatch(pattern, completion.strip(), flags) if full_match else re.search(pattern, completion, flags)
     return float(hit is not None)
@@ -47,7 +59,10 @@ def format_reward(completion: str, answer: Any, meta: dict, *, pattern: str = r"
 @REWARDS.register("math")
 def math_reward(completion: str, answer: Any, meta: dict, *, timeout_s: int = 5) -> float:
     """1 if math-verify finds the completion's final answer equivalent to the reference
-    (numbers, fractions, LaTeX expressions; GSM8K '####' answers included)."""
+    (numbers, fractions, LaTeX expressions; GSM8K '####' answers included).
+
+    timeout_s: seconds math-verify may spend on each parse and on the comparison
+    """
     from math_verify import parse, verify
 
     gold = parse(_as_latex(str(answer)), parsing_timeout=timeout_s)

@@ -118,7 +118,15 @@ def code(
     workers: int | None = None,
     batch_timeout_s: float | None = None,
 ) -> list[float]:
-    """Run the completion's program against the sample's tests in the sandbox: 1/0 when all pass, or the fraction passed."""
+    """Run the completion's program against the sample's tests in the sandbox: 1/0 when all pass, or the fraction passed.
+
+    mode: "all_pass" (1 if every test passes, else 0) or "fraction" (share of tests passed)
+    timeout_s: wall-clock limit of each run in seconds (a sample's meta timeout_s overrides it)
+    memory_mb: address-space limit of each process in MiB (RLIMIT_AS)
+    allow_weak: without bubblewrap run with rlimits only (weak isolation) instead of refusing
+    workers: programs run at once (null: one per CPU core)
+    batch_timeout_s: deadline of a whole batch in seconds (null: longest limit + 0.25 s per job per worker)
+    """
     if mode not in ("all_pass", "fraction"):
         raise ConfigError(f"reward 'code': mode must be 'all_pass' or 'fraction', got {mode!r}")
     jobs: list[Job] = []

@@ -9,6 +9,9 @@ from upslope.registry import REWARDS
 def overlong_penalty(completion: str, answer: Any, meta: dict, *, max_length: int = 0, buffer: int = 0) -> float:
     """DAPO soft overlong penalty: 0 up to max - buffer tokens, linear to -1 at max, -1 beyond.
 
+    max_length: length limit in tokens (0: meta max_new_tokens, the rollout's)
+    buffer: tokens before the limit over which the penalty ramps from 0 to -1 (0..max)
+
     Reads meta["completion_tokens"]; max is `max_length`, or meta["max_new_tokens"] when 0.
     """
     if "completion_tokens" not in meta:
