@@ -146,10 +146,11 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def check_resume(path: Path, step: int, steps: int) -> None:
-    """A checkpoint at or past train.steps leaves nothing to train: one line instead of a run
-    that does nothing."""
-    if step >= steps:
+def check_resume(path: Path, step: int, steps: int, final_eval: bool = False) -> None:
+    """A checkpoint past train.steps, or at it with no final evaluation to run, leaves nothing to
+    do: one line instead of a run that does nothing. At train.steps with `final_eval` the resumed
+    run only evaluates (a run killed during its final evaluation finishes it)."""
+    if step > steps or (step == steps and not final_eval):
         raise UpslopeError(f"train.resume={path}: the checkpoint is at step {step}, and train.steps={steps} "
                            f"leaves nothing to train (raise train.steps)")
 

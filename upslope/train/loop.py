@@ -195,7 +195,7 @@ class BaseTrainer:
 
     def _resume(self, path: Path) -> None:
         state = ckpt.load_trainer_state(path)
-        ckpt.check_resume(path, int(state["step"]), self.cfg.train.steps)
+        ckpt.check_resume(path, int(state["step"]), self.cfg.train.steps, final_eval=self.cfg.train.eval_after)
         ckpt.load_model_weights(self.updater.model, path)
         self.updater.load_state(state)
         if self.sampler is not None:

@@ -52,6 +52,22 @@ def test_tiny_model_learns_a_toy_reward(tiny_model_path, tmp_path):
     assert last > first * 1.5, f"reward did not rise: {rewards}"
 
 
+def test_resume_at_the_last_step_finishes_the_final_evaluation(tiny_model_path, tmp_path):
+    """A run killed after its last checkpoint, during its final evaluation, resumes into that
+    evaluation only; without a final evaluation there is nothing to resume (one error)."""
+    run = tmp_path / "final"
+    common = ["train.steps=2", "train.threads=1", "eval.limit=4", f"reward=[{{name: '{TOY}:long_text'}}]"]
+    run_trainer(tiny_overrides(tiny_model_path, run, *common))  # no final evaluation: as if killed there
+    assert not any("eval/accuracy" in m for m in metrics(run))
+    weights = (run / "checkpoints" / "step_000002" / "model" / "model.safetensors").read_bytes()
+    trainer = run_trainer(tiny_overrides(tiny_model_path, run, *common, "train.resume=latest", "train.eval_after=true"))
+    assert trainer.start_step == 2
+    rows = metrics(run)
+    assert [m["step"] for m in rows if "eval/accuracy" in m] == [2] and len([m for m in rows if "loss" in m]) == 2
+    assert (run / "checkpoints" / "step_000002" / "model" / "model.safetensors").read_bytes() == weights
+    assert main(["train", *tiny_overrides(tiny_model_path, run, *common, "train.resume=latest")]) == 2
+
+
 @pytest.mark.parametrize("algo", [[], ["algo.advantage.name=gae", "train.updates_per_batch=2"]],
                          ids=["grpo", "ppo_with_critic"])
 def test_resume_is_bitwise_exact(algo, tiny_model_path, tmp_path):
