@@ -5,18 +5,20 @@ trainer's resident memory at every step, and check that it stays flat.
     python benchmarks/soak.py --steps 20 model.name=DIR engine.name=hf --out /tmp/soak
 
 The trainer runs as one `upslope train` process (with its children, if any) in a fresh
-`run_dir` under a temporary directory (or `--out`). The parent reads the RSS of the whole
+`run_dir` under a temporary directory. The parent reads the RSS of the whole
 process tree from /proc every 0.1 s; when the step's record appears in metrics.jsonl, the RSS
 at that moment is the step's sample (the peak since the previous step is kept beside it).
 
 Printed: the RSS slope in MiB per 100 steps, fitted by least squares over the second half of
 the steps (the first half holds the warm-up: allocator pools, the engine's caches, lazily
 built kernels), its standard error, and the verdict against `--threshold` (default 10 MiB per
-100 steps). Why 10: a trainer that grows by 10 MiB per 100 steps gains 1 GiB in 10,000 steps,
-more steps than a run on this kind of machine makes in days, and well inside its free memory;
-while one batch kept alive per step (the smallest real leak: prompt + completion ids,
-log-probs, advantages of 8 x 4 x ~100 tokens, plus the Python objects) is already ~1-3 MiB per
-step, i.e. 100-300 MiB per 100 steps, far above it. Below it, allocator noise dominates.
+100 steps). Why 10: growth of 10 MiB per 100 steps is 1 GiB in 10,000 steps, more steps than a
+run on this kind of machine makes in days, and well inside its free memory; and it is below the
+smallest leak that matters: one step's batch kept alive (the default 8 prompts x 8 completions,
+token ids, masks, log-probs and advantages, ~0.15-0.3 MiB) is 15-30 MiB per 100 steps, a kept
+autograd graph or logits hundreds of MiB per step. Allocator jitter of ~10 MiB between steps
+gives the fit over 100 steps a standard error of ~3.5 MiB per 100 steps (printed), so 10 is
+about 3 standard errors: a flat trainer passes, a per-step leak of a batch does not.
 
 Written: `soak.png` (RSS over steps with the fit; the stacked step time split into
 time/rollout, time/reward, time/learner, time/sync and the rest of time/step, from

@@ -309,7 +309,8 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
         kills[-1].problems += final
 
     print()
-    head = f"{'kill':>4}  {'moment':<18} {'where':<44} {'reached':>7}  {'resumed from':<26} {'steps checked':<14} identical"
+    head = (f"{'kill':>4}  {'moment':<18} {'where':<44} {'reached':>7}  {'resumed from':<26} "
+            f"{'steps checked':<14} identical")
     print(head)
     print("-" * len(head))
     for k in kills:
