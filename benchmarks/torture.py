@@ -180,9 +180,11 @@ class Kill:
         return not self.problems
 
 
-def where_killed(run_dir: Path, reached: int, steps: int, logged: int) -> str:
+def where_killed(run_dir: Path, reached: int, steps: int, logged: int, since: float) -> str:
+    """What the files say the process was doing (a partial checkpoint it began, records past the
+    newest checkpoint, ...); `since`: the process's start (wall clock), to skip older partial writes."""
     ck = run_dir / "checkpoints"
-    if ck.is_dir() and any(p.name.startswith(".tmp-step_") for p in ck.iterdir()):
+    if ck.is_dir() and any(p.name.startswith(".tmp-step_") and p.stat().st_mtime >= since for p in ck.iterdir()):
         return "checkpoint write"
     if reached >= steps:
         return "after final checkpoint (final eval / shutdown)"
@@ -222,7 +224,7 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
         expect_from = latest_step(run_dir)
         resume = expect_from > 0
         proc = start(train_cmd(run_dir, args.steps, threads, overrides, resume=resume), log)
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         kill = Kill(len(kills) + 1) if len(kills) < args.kills else None
         if kill is not None:
             anchor = "start" if rng.random() < 0.3 else "checkpoint"
@@ -271,7 +273,8 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
                 prev.resumed_from = Path(m.group(1)).name
                 if int(m.group(2)) != expect_from:
                     prev.problems.append(f"resumed from step {m.group(2)}, latest was {expect_from}")
-            mine = [r for r in rows if r.get("step", 0) > expect_from]
+            # (killed before it resumed: the records past the checkpoint are the last segment's, not its own)
+            mine = [r for r in rows if r.get("step", 0) > expect_from] if m or not resume else []
             steps = sorted({r["step"] for r in mine})
             want = [r for r in ref_rows if expect_from < r.get("step", 0) and r.get("step", 0) in steps]
             # a kill can tear off the segment's last record (or the eval record of its last step)
@@ -294,7 +297,10 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
 
         kill.reached = latest_step(run_dir)
         logged = max((r.get("step", 0) for r in rows), default=0)
-        kill.where = where_killed(run_dir, kill.reached, args.steps, logged)
+        if resume and not re.search(r"resumed from \S+ at step", text):
+            kill.where = "set-up, before the resume"
+        else:
+            kill.where = where_killed(run_dir, kill.reached, args.steps, logged, wall0)
         kills.append(kill)
         print(f"kill {kill.index}: {kill.moment} ({kill.where}), checkpoint step {kill.reached}", flush=True)
         if kill.reached == 0:  # nothing to resume from: start afresh, as a user would
