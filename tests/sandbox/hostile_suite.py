@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 from hostile_cases import CASES, SECRET_DIRS, Case
+from sandbox_helpers import pids_with_marker, pids_with_uid_in
 
 from upslope.sandbox import Job, SandboxConfig, SandboxPool, Status
 
@@ -379,37 +380,6 @@ def detect(check: str, case: Case, seen: Seen, bait: Bait, config: SandboxConfig
 
 
 # ------------------------------------------------------------------------------------ running
-def marker_pids(marker: str) -> list[int]:
-    out = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        with open(f"/proc/{entry.name}/stat", "rb") as g:
-                            if g.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
-                                out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
-
-
-def uid_pids(uids: range | None) -> list[int]:
-    if uids is None:
-        return []
-    out = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid in uids:
-                    with open(f"/proc/{entry.name}/stat", "rb") as g:
-                        if g.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
-                            out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
-
-
 def meta_for(case: Case) -> dict:
     if case.meta == "humaneval0":
         import gzip
@@ -467,7 +437,7 @@ def run_case(case: Case, bait: Bait, pool: SandboxPool) -> Seen:
     seen.peak_rss, seen.min_oom_adj, seen.last_oom_adj = sampler.peak_rss, sampler.min_oom_adj, sampler.last_oom_adj
     seen.peak_inodes, seen.peak_bytes = sampler.peak_inodes, sampler.peak_bytes
     for _ in range(40):
-        seen.leftovers = marker_pids(marker) + uid_pids(pool.sandbox.uid_range)
+        seen.leftovers = pids_with_marker(marker) + pids_with_uid_in(pool.sandbox.uid_range)
         if not seen.leftovers:
             break
         time.sleep(0.05)
@@ -543,7 +513,7 @@ def run_naive(case: Case, bait: Bait) -> Seen:
                 seen.reward = 1.0 if rc == 0 and out.strip() == want.strip() else 0.0
         seen.output = out + err
         time.sleep(0.2)
-        seen.leftovers = marker_pids(marker)
+        seen.leftovers = pids_with_marker(marker)
         seen.files = bait.file_changes()
         for d in ("/dev/shm", "/tmp"):
             if os.path.exists(os.path.join(d, bait.tag + ".x")):
@@ -551,7 +521,7 @@ def run_naive(case: Case, bait: Bait) -> Seen:
         seen.hits = bait.listener_hits()
         seen.victim_ok = bait.victim_ok()
     finally:
-        for pid in marker_pids(marker):
+        for pid in pids_with_marker(marker):
             try:
                 os.kill(pid, 9)
             except OSError:
