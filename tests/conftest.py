@@ -100,3 +100,17 @@ def restore_weights(tiny_state_dict):
             engine.update_weights((k, v.clone()) for k, v in tiny_state_dict.items())
 
     return restoring
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registries_restored() -> Iterator[None]:
+    """Plugins a test module registers (user files, README examples) leave with it, so a later
+    module that checks every registered plugin sees only the built-in ones."""
+    from upslope.registry import REGISTRIES, load_builtins
+
+    load_builtins()
+    saved = {kind: dict(reg._entries) for kind, reg in REGISTRIES.items()}
+    yield
+    for kind, reg in REGISTRIES.items():
+        reg._entries.clear()
+        reg._entries.update(saved.get(kind, {}))
