@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from upslope.logs.sinks import read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 STAGES = ("rollout", "reward", "learner", "sync")
@@ -89,17 +91,6 @@ def slope_per_100(steps: list[int], values: list[float]) -> tuple[float, float]:
     return b * 100, se * 100
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
 def step_rows(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Training-step records by step (evaluation records have no time/step)."""
     return {r["step"]: r for r in rows if "time/step" in r}
@@ -124,7 +115,7 @@ def soak(steps: int, overrides: list[str], run_dir: Path, log: Path, timeout: fl
             peak = max(peak, rss)
             if metrics.is_file() and metrics.stat().st_size != size:
                 size = metrics.stat().st_size
-                for step, row in sorted(step_rows(read_rows(metrics)).items()):
+                for step, row in sorted(step_rows(read_metrics(metrics)).items()):
                     if step not in seen:
                         seen.add(step)
                         samples.append({"step": step, "rss_mib": rss / MIB, "peak_mib": peak / MIB,

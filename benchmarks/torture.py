@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from upslope.logs.sinks import read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_KEY = re.compile(r"(^time/|per_s$|seconds|(^|/)elapsed|(^|/)wall)")
 
@@ -55,19 +57,6 @@ def is_timing_key(key: str) -> bool:
 
 def strip_timing(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in rows]
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl records; a torn last line (a kill mid-write) is skipped."""
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def compare_metrics(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
@@ -208,7 +197,7 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
         print((logs / "reference.log").read_text()[-3000:], file=sys.stderr)
         print(f"torture: the reference run failed (exit {rc}); nothing to compare", file=sys.stderr)
         return 2
-    ref_rows = read_rows(ref_dir / "metrics.jsonl")
+    ref_rows = read_metrics(ref_dir / "metrics.jsonl")
     # start -> first checkpoint (set-up, evaluation before, step 1), then between checkpoints (a
     # step, evaluations, the checkpoint write) and from the last checkpoint to the end (final evaluation)
     span_start, span_ckpt = gaps[0] * 1.1, max(gaps[1:] or gaps) * 1.1
@@ -254,7 +243,7 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
                     break
             time.sleep(0.01)
         text = log.read_text(errors="replace")
-        rows = read_rows(run_dir / "metrics.jsonl")
+        rows = read_metrics(run_dir / "metrics.jsonl")
 
         # the segment that just ended checks the previous kill: did it resume, and did its records match?
         if kills and not kills[-1].resumed_from:
@@ -308,7 +297,7 @@ def torture(args: argparse.Namespace, overrides: list[str], tmp: Path) -> int:
 
     # the final comparison belongs to the last kill's segment
     final: list[str] = []
-    final += [f"metrics.jsonl: {d}" for d in compare_metrics(read_rows(run_dir / "metrics.jsonl"), ref_rows)]
+    final += [f"metrics.jsonl: {d}" for d in compare_metrics(read_metrics(run_dir / "metrics.jsonl"), ref_rows)]
     final += [f"weights: {d}" for d in compare_weights(final_weights(run_dir, args.steps),
                                                        final_weights(ref_dir, args.steps))]
     if final and kills:

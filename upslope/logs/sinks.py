@@ -63,4 +63,12 @@ def _clean(v: Any) -> Any:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a metrics.jsonl ([] when there is none yet); a torn line (a run killed
+    mid-write) is skipped, as on resume."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

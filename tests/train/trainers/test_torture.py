@@ -58,10 +58,10 @@ def test_comparison_ignores_timing_only(torture, tmp_path):
         r["rollout/tokens_per_s"] += 1
         r["eval/gen_seconds"] += 1
     b.write_text("".join(json.dumps(r) + "\n" for r in other) + '{"step": 3, "torn')  # torn last line: skipped
-    assert torture.compare_metrics(torture.read_rows(a), torture.read_rows(b)) == []
+    assert torture.compare_metrics(torture.read_metrics(a), torture.read_metrics(b)) == []
 
     b.write_text("".join(json.dumps(r) + "\n" for r in rows(0.1, 0.2000001)))
-    diffs = torture.compare_metrics(torture.read_rows(a), torture.read_rows(b))
+    diffs = torture.compare_metrics(torture.read_metrics(a), torture.read_metrics(b))
     assert len(diffs) == 1 and "step 2" in diffs[0] and "reward/mean" in diffs[0]
     assert torture.compare_metrics(rows(0.1, 0.2), rows(0.1)) == ["2 records vs 1"]
     extra = rows(0.1)
