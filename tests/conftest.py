@@ -6,7 +6,7 @@ No mocks: these are the real model files, the real tokenizer and the real engine
 
 vLLM (on CPU, in-process) reads its environment at import and cannot host two engines in
 one process: every test of the session shares `vllm_engine`. A test that needs a vLLM
-engine on another model runs it in a subprocess (see tests/foundation/foundation_vllm_worker.py).
+engine on another model runs it in a subprocess (see tests/rollout/vllm_worker.py).
 Tests that change an engine's weights must restore them (see `restore_weights`).
 """
 from __future__ import annotations
@@ -114,3 +114,18 @@ def registries_restored() -> Iterator[None]:
     for kind, reg in REGISTRIES.items():
         reg._entries.clear()
         reg._entries.update(saved.get(kind, {}))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Run a module with UPSLOPE_TEST_THREADS torch threads (default 1).
+
+    Measured on the shared 2-core machine under load (load average 6-7): greedy HF generation
+    with SmolLM2-135M (6 prompts, 10 tokens) took 24-26 s with 2 threads and 4.1-4.5 s with 1
+    (OpenMP threads spin-waiting on descheduled peers)."""
+    import os
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("UPSLOPE_TEST_THREADS", "1")))
+    yield
+    torch.set_num_threads(before)

@@ -29,6 +29,7 @@ def torture():
         sys.modules.pop(spec.name, None)
 
 
+@pytest.mark.slow  # about 60 s; the resume tests of test_loop.py cover exact resume in the default run
 def test_kills_resume_identically(tiny_model_path):
     """2 kills (seed 0: both after a checkpoint appeared, so both resume from one) in 4 steps
     with an evaluation every 2 steps; every resume is found identical to the straight run."""

@@ -9,6 +9,8 @@ import pytest
 from upslope.errors import ConfigError
 from upslope.registry import REWARDS, TASKS, Registry
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture
 def reg() -> Registry:

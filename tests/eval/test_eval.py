@@ -16,6 +16,8 @@ from upslope.errors import ConfigError
 from upslope.eval.runner import answer_key, evaluate
 from upslope.runtime import Runtime
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def run_eval(tiny_model_path, tmp_path, *overrides: str):
     cfg = load_config(None, ["engine.name=hf", f"model.name={tiny_model_path}", "eval.limit=8", "eval.n=4",

@@ -9,10 +9,12 @@ import math
 import pytest
 import torch
 
-from foundation_helpers import divergence_margin, teacher_forced_logprobs
+from engine_helpers import divergence_margin, teacher_forced_logprobs
 
 from upslope.models import load_model
 from upslope.rollout.base import Completion, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 QUESTIONS = ["What is 7 * 8?", "Hi", "Tell me a short story about a cat, a dog and a very large red balloon."]
 STOP = [2]  # <|im_end|>

@@ -11,6 +11,8 @@ from upslope.cli import main
 from upslope.config import Config, describe_options, dump, load_config
 from upslope.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def write(path, text: str):
     path.write_text(textwrap.dedent(text).lstrip())

@@ -16,6 +16,8 @@ from upslope.rewards.builtin import exact_reward, format_reward, integer_reward,
 from upslope.rewards.extract import boxed, extract_integer, integers
 from upslope.rewards.user import load_user_function
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # ------------------------------------------------------------------ extraction
 
 STRATEGIES = ("first", "last", "after_equals", "boxed", "after_hashes")

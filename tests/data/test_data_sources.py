@@ -19,6 +19,8 @@ from upslope.data.tasks import arith, gsm8k, math500, shared_data_dir
 from upslope.data.types import Example
 from upslope.errors import DataError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROWS = [
     {"id": "a", "prompt": "What is 2 + 2?", "answer": 4, "level": 1},
     {"id": "b", "prompt": "What is 3 * 5?", "answer": 15, "level": 2},

@@ -1,4 +1,4 @@
-"""Helpers of the foundation tests (imported by module name: pytest puts this folder on sys.path)."""
+"""Helpers of the engine tests (imported by module name: pytest puts this folder on sys.path)."""
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from upslope.eval.metrics import maj_at_k, pass_at_k, pass_at_k_combinatorial
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @st.composite
 def n_c_k(draw, max_n: int = 60):

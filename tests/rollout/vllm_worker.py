@@ -1,7 +1,7 @@
 """Run greedy generation with a vLLM engine in a process of its own (vLLM hosts one engine
 per process, and the test session's engine runs the tiny model).
 
-    python foundation_vllm_worker.py MODEL_DIR REQUEST.json RESULT.json
+    python vllm_worker.py MODEL_DIR REQUEST.json RESULT.json
 
 REQUEST: {"prompts": [[ids]], "max_new_tokens": int, "dtype": "bfloat16"|"float32"}
 RESULT: {"tokens": [[ids]], "logprobs": [[floats]], "finish": [str], "start_s": float, "generate_s": float}

@@ -13,6 +13,8 @@ import torch
 from upslope.errors import ModelError
 from upslope.models import load_model, load_tokenizer, make_tiny_model, resolve_model, stop_token_ids
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def test_embedded_model_is_converted_and_cached(smollm_path):
     path = Path(smollm_path)

