@@ -5,6 +5,7 @@ and its score here is the one that class computes: the head at the rightmost tok
 not the pad token."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -96,3 +97,38 @@ def scalar_loader(*, pad_id: int | None, bias: bool = False,
                                  trust_remote_code=model.trust_remote_code)
 
     return load
+
+
+@torch.no_grad()
+def score_rows(model: ScalarHeadModel, batch: Any, micro_batch_tokens: int, device: torch.device,
+               autocast: Any = None) -> torch.Tensor:
+    """[N] fp32 sequence scores of a Batch's rows, no grad, in token-budget micro-batches (eval mode)."""
+    from upslope.batch import micro_batch_indices
+
+    out = torch.zeros(batch.size, dtype=torch.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        for idx in micro_batch_indices(batch.seq_lens, micro_batch_tokens):
+            mb = batch.select(idx).to(device)
+            with autocast if autocast is not None else contextlib.nullcontext():
+                out[torch.as_tensor(idx)] = model.sequence_scores(mb.input_ids, mb.attention_mask).cpu()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def tokenizer_difference(a: Any, b: Any) -> str | None:
+    """Why two tokenizers would not give the same ids for the same text (None: they agree):
+    the vocabulary, or the end/pad tokens."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        diff = next((t for t in sorted(set(va) ^ set(vb))), None)
+        if diff is None:
+            diff = next(t for t in sorted(va) if va[t] != vb[t])
+            return f"token {diff!r} has id {va[diff]} vs {vb[diff]}"
+        return f"vocabularies of {len(va)} vs {len(vb)} tokens (e.g. {diff!r} is in only one)"
+    for name in ("eos_token_id", "pad_token_id"):
+        if getattr(a, name, None) != getattr(b, name, None):
+            return f"{name} {getattr(a, name, None)} vs {getattr(b, name, None)}"
+    return None

@@ -60,9 +60,10 @@ class Updater:
         self.nonfinite = NonFiniteGuard(optim.max_nonfinite_steps)
 
     @classmethod
-    def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None) -> "Updater":
+    def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None,
+                    loader: ModelLoader = causal_lm) -> "Updater":
         """The updater for a run's config (only its model, train, optim and lora sections are read)."""
-        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device)
+        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device, loader)
 
     def reference(self) -> Any:
         """The frozen reference (the initial model), loaded once on first use: with LoRA the
