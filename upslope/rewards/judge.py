@@ -29,7 +29,7 @@ DEFAULT_RUBRIC = ("Is the response a correct, complete and clear answer to the r
 DEFAULT_TEMPLATE = ("You are grading a response.\n\nRubric: {rubric}\n\nRequest:\n{prompt}\n\nResponse:\n{completion}"
                     "\n{reference}\nGrade the response from 0 to {scale}. End with a line 'Score: N'.")
 _NUMBER = r"([-+]?\d+(?:\.\d+)?)"
-_SCORE = re.compile(r"score\W{0,4}[:=]?\W{0,4}" + _NUMBER, re.IGNORECASE)
+_SCORE = re.compile(r"score[\s:*=]{0,6}" + _NUMBER, re.IGNORECASE)
 _OUT_OF = re.compile(_NUMBER + r"\s*(?:/|out of)\s*" + _NUMBER, re.IGNORECASE)
 _ONLY_NUMBER = re.compile(r"\s*" + _NUMBER + r"\s*\.?\s*")
 
