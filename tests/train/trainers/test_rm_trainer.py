@@ -80,14 +80,19 @@ def test_pairwise_accuracy_rises_and_the_checkpoint_is_an_hf_reward_model(tiny_m
     torch.testing.assert_close(hf, ours, rtol=1e-5, atol=1e-5)
 
 
-def test_resume_is_exact(tiny_model_path, tmp_path):
-    """rm for 4 steps == rm for 2, stop, resume, 2 more: same weights and metrics."""
-    common = [*file_args(tmp_path, n=24, held=8), "train.steps=4", "train.save_every=2", "train.deterministic=true",
-              "train.eval_before=false", "train.eval_after=false", "rm.pairs_per_step=4"]
+@pytest.mark.parametrize("source", ["dataset", "on_policy"])
+def test_resume_is_exact(source, tiny_model_path, tmp_path):
+    """rm for 4 steps == rm for 2, stop, resume, 2 more: same weights and metrics (on-policy: the
+    held-out pairs built before step 1 come back from the checkpoint for the final evaluation)."""
+    pairs = (file_args(tmp_path, n=24, held=8) if source == "dataset" else
+             [f"reward=[{{name: '{TOY}:long_text'}}]", "rm.eval_pairs=4", "eval.limit=8", "train.eval_after=true"])
+    common = [*pairs, "train.steps=4", "train.save_every=2", "train.deterministic=true", "rm.pairs_per_step=4",
+              "train.eval_every=0"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     run(tiny(tiny_model_path, straight, *common))
     run(tiny(tiny_model_path, split, *common, "train.stop_after=2"))
-    run(tiny(tiny_model_path, split, *common, "train.resume=latest"))
+    trainer, _ = run(tiny(tiny_model_path, split, *common, "train.resume=latest"))
+    assert trainer.start_step == 2
     a = load_file(straight / "checkpoints" / "step_000004" / "model" / "model.safetensors")
     b = load_file(split / "checkpoints" / "step_000004" / "model" / "model.safetensors")
     assert a.keys() == b.keys() and "score.weight" in a
@@ -97,6 +102,8 @@ def test_resume_is_exact(tiny_model_path, tmp_path):
         return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")} for r in rs]
 
     assert strip(rows(straight)) == strip(rows(split))
+    if source == "on_policy":
+        assert [r["step"] for r in rows(split) if "eval/rm_accuracy" in r] == [0, 4]
 
 
 def test_on_policy_pairs_from_a_reward(tiny_model_path, tmp_path):
@@ -124,3 +131,18 @@ def test_bad_input_is_one_line(tiny_model_path, tmp_path, capsys, extra, message
     assert main(["rm", *tiny(tiny_model_path, tmp_path / "bad", *extra)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_the_rm_recipe_runs(tiny_model_path, tmp_path):
+    """recipes/rm.yaml (on-policy pairs labelled by the strict reward) for one step on the tiny model; a
+    reward the tiny model's samples differ in stands in for the strict one (always 0 for it)."""
+    cfg = load_config(ROOT / "recipes" / "rm.yaml", tiny(tiny_model_path, tmp_path / "r", "train.steps=1",
+                                                         f"reward=[{{name: '{TOY}:long_text'}}]", "rm.eval_pairs=2",
+                                                         "eval.limit=4", "train.eval_every=0"))
+    assert cfg.rm.source == "on_policy" and cfg.rm.pairs_per_step == 8
+    trainer = RMTrainer(cfg)
+    try:
+        results = trainer.run()
+    finally:
+        trainer.close()
+    assert results["after"]["pairs"] == 2 and (tmp_path / "r" / "checkpoints" / "step_000001" / "model").is_dir()

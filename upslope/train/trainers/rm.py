@@ -21,6 +21,7 @@ from upslope.batch import Batch
 from upslope.data.pairs import PreferencePair, load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError
+from upslope.logs.sinks import read_metrics
 from upslope.models import load_tokenizer, resolve_model
 from upslope.train.learner.objectives import BradleyTerryObjective, pair_metrics
 from upslope.train.learner.scalar import score_rows, scalar_loader, tokenizer_difference
@@ -172,6 +173,17 @@ class RMTrainer(BaseTrainer):
                            f"({summary['pairs']} held-out pairs, mean margin {summary['margin']:+.3f})")
         return summary
 
+    def finish(self, results: dict[str, Any]) -> None:
+        records = read_metrics(self.logger.path) if self.logger.jsonl else []
+        png = plot_pairwise(records, self.run_dir / "rm_accuracy.png", self.title()) \
+            if self.cfg.log.plot and records else None
+        if "before" in results or "after" in results:
+            fmt = lambda r: "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"  # noqa: E731
+            self.report.result(f"held-out pairwise accuracy: before {fmt(results.get('before', {}))} -> after "
+                               f"{fmt(results.get('after', {}))}")
+        self.report.note(f"run directory: {self.run_dir}" + (f"; plot: {png}" if png else "")
+                         + f"; the reward model: {self.run_dir / 'checkpoints'}/step_NNNNNN (reward_model path)")
+
     # ------------------------------------------------------------------ checkpoint state
 
     def extra_state(self) -> dict[str, Any]:
@@ -181,3 +193,30 @@ class RMTrainer(BaseTrainer):
         if self.uses_engine and state.get("rm_held_out") is not None:
             self.held_out = state["rm_held_out"]
 
+
+
+def plot_pairwise(records: list[dict[str, Any]], out: Path, title: str) -> Path | None:
+    """Pairwise accuracy per step: on each step's training pairs (before its update) and on the held-out pairs."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    train = [r for r in records if "rm/accuracy" in r]
+    held = [r for r in records if "eval/rm_accuracy" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in train], [r["rm/accuracy"] for r in train], label="training pairs", lw=1.0, alpha=0.7)
+    ax.plot([r["step"] for r in held], [r["eval/rm_accuracy"] for r in held], "o-", color="black",
+            label="held-out pairs")
+    ax.set_xlabel("step")
+    ax.set_ylabel("pairwise accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
