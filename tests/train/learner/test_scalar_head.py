@@ -135,3 +135,18 @@ def test_critic_state_round_trip(tiny_model_path):
     c.train_step(b)
     torch.testing.assert_close(a.values(b), c.values(b), rtol=0, atol=0)
     assert a.values(b).abs().max() > 0
+
+
+def test_a_critic_state_of_another_shape_is_one_error_line(tiny_model_path):
+    """An older checkpoint's critic (a `body.*` / `head.*` module) cannot be loaded: one line, no traceback."""
+    from upslope.errors import UpslopeError
+    from upslope.train.methods.critic import Critic
+
+    cfg = load_config(None, [f"model.name={tiny_model_path}", "algo.advantage.name=gae", "train.precision=float32",
+                             "model.dtype=float32"])
+    critic = Critic.from_config(cfg, tiny_model_path, torch.device("cpu"))
+    old = {"weights": {"head.weight": torch.zeros(1, 128), "head.bias": torch.zeros(1)},
+           "optimizer": critic.updater.optimizer.state_dict()}
+    with pytest.raises(UpslopeError, match="critic state does not fit this critic") as err:
+        critic.load(old)
+    assert "\n" not in str(err.value)

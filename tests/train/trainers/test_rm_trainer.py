@@ -81,6 +81,20 @@ def test_pairwise_accuracy_rises_and_the_checkpoint_is_an_hf_reward_model(tiny_m
     torch.testing.assert_close(hf, ours, rtol=1e-5, atol=1e-5)
 
 
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_path, tmp_path):
+    """train.grad_checkpointing (on by default) recomputes layers in backward: the same weights after 2 steps."""
+    weights = []
+    for gc in ("true", "false"):
+        run_dir = tmp_path / f"gc_{gc}"
+        run(tiny(tiny_model_path, run_dir, *file_args(tmp_path, n=20, held=4), "train.steps=2",
+                 f"train.grad_checkpointing={gc}", "train.eval_before=false", "train.eval_after=false"))
+        weights.append(load_file(run_dir / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
+    a, b = weights
+    assert a["score.weight"].abs().max() > 0
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("source", ["dataset", pytest.param("on_policy", marks=pytest.mark.slow)])
 def test_resume_is_exact(source, tiny_model_path, tmp_path):
     """rm for 4 steps == rm for 2, stop, resume, 2 more: same weights and metrics (on-policy: the

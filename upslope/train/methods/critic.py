@@ -9,6 +9,7 @@ import torch
 
 from upslope.batch import Batch
 from upslope.config import Config, LoraConfig, OptimConfig
+from upslope.errors import UpslopeError
 from upslope.models import resolve_model
 from upslope.train.learner.objectives import ValueObjective, token_values
 from upslope.train.learner.scalar import scalar_loader
@@ -65,9 +66,14 @@ class Critic:
         return {"weights": self.updater.model.state_dict(), **self.updater.state()}
 
     def load(self, state: dict[str, Any]) -> None:
-        """Restore what `state` saved."""
-        self.updater.model.load_state_dict(state["weights"])
-        self.updater.load_state(state)
+        """Restore what `state` saved (one error line for a critic state this critic cannot take)."""
+        try:
+            self.updater.model.load_state_dict(state["weights"])
+            self.updater.load_state(state)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise UpslopeError(f"the checkpoint's critic state does not fit this critic ({reason}); it was written "
+                               f"by another critic.model or an older upslope: start a new run") from None
 
 
 def save_critic(critic: Critic, directory: Path) -> None:

@@ -86,9 +86,14 @@ class RMTrainer(BaseTrainer):
             self.setup_task()
 
     def make_updater(self) -> Updater:
+        """The reward model on its own Updater; train.grad_checkpointing recomputes each decoder layer
+        in backward (HF's gradient checkpointing)."""
         train = self.cfg.train.model_copy(update={"share_prompt": False})
-        return Updater(self.rm_path, self.cfg.model, train, self.cfg.optim, self.cfg.lora, self.device,
-                       loader=scalar_loader(pad_id=self.pad_id))
+        updater = Updater(self.rm_path, self.cfg.model, train, self.cfg.optim, self.cfg.lora, self.device,
+                          loader=scalar_loader(pad_id=self.pad_id))
+        if train.grad_checkpointing:
+            updater.model.net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return updater
 
     def setup_objective(self) -> None:
         self.objective = BradleyTerryObjective(self.cfg.rm.margin)
