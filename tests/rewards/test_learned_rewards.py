@@ -139,7 +139,9 @@ def test_judge_parser_on_malformed_replies(reply, grade):
 def test_local_judge_counts_failures_and_answers_identical_queries_once(tiny_model_path):
     """The tiny random model writes no grade: every sample fails (fallback, counted). With a
     prefill that already holds the grade every sample parses; a repeated query costs no generation."""
-    spec = lambda **o: RewardSpec(name="llm_judge", options={"model": tiny_model_path, "max_new_tokens": 4, **o})  # noqa: E731
+    def spec(**o):
+        return RewardSpec(name="llm_judge", options={"model": tiny_model_path, "max_new_tokens": 4, **o})
+
     metas = [{"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?"}]
     [fn] = build_reward_fns([spec(prefill="")])
     result = score([fn], ["4", "6"], [4, 6], metas, fallback=-1.0)

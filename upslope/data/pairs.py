@@ -27,8 +27,8 @@ class PreferencePair:
 def load_pairs(cfg: DPOConfig | RMConfig, section: str = "dpo") -> list[PreferencePair]:
     """The pairs of `cfg.path` (the first `cfg.limit`); errors name the options of `section`."""
     if not cfg.path:
-        raise ConfigError(f"{section}.path: {section}.source=dataset needs a file of pairs (JSONL, Parquet or an HF dataset "
-                          "directory with prompt, chosen and rejected fields)")
+        raise ConfigError(f"{section}.path: {section}.source=dataset needs a file of pairs (JSONL, Parquet or an HF "
+                          "dataset directory with prompt, chosen and rejected fields)")
     out: list[PreferencePair] = []
     for where, rec in read_records(cfg.path, cfg.split):
         if cfg.limit is not None and len(out) >= cfg.limit:

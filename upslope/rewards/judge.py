@@ -157,7 +157,7 @@ def llm_judge_reward(completions: list[str], answers: list[Any], metas: list[dic
                      cache_size: int = 100_000) -> list[float]:
     """A judge model's grade of each completion against a rubric, as a fraction of `scale`.
 
-    model: local judge: a model path, HF id, checkpoint or smollm2-135m-instruct (the policy's model.name: the initial policy)
+    model: local judge: a model path, HF id, checkpoint or smollm2-135m-instruct (e.g. the policy's model.name)
     url: OpenAI-compatible endpoint instead (e.g. http://host:8000/v1); tests use local models only
     api_model: the model name sent to the endpoint
     api_key_env: environment variable holding the endpoint's API key (empty or unset: no key sent)

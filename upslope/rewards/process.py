@@ -44,7 +44,7 @@ def process_reward(completions: list[str], answers: list[Any], metas: list[dict]
                    max_steps: int = 64) -> list[float]:
     """Per-step scores (steps split by a delimiter) aggregated into the sequence reward.
 
-    step_reward: the reward that scores each step: a registered name (reward_model, llm_judge, format, ...) or module:function
+    step_reward: the reward scoring each step: a registered name (reward_model, llm_judge, format...) or module:function
     step_options: that reward's options
     delimiter: what separates steps (default a newline; e.g. '\\n\\n' or 'Step')
     aggregate: min, mean or last step score

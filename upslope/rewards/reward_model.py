@@ -131,7 +131,7 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
                         use_chat_template: bool = True) -> list[float]:
     """A trained reward model's score of each completion after its prompt (batched, no gradient).
 
-    path: the reward model: an `upslope rm` checkpoint or HF sequence-classification model directory (same tokenizer as the policy)
+    path: an `upslope rm` checkpoint or HF sequence-classification model directory (the policy's tokenizer)
     normalize: none, batch (whiten each batch) or running (running mean/std over every batch so far)
     micro_batch_tokens: token budget (rows x longest row) of one scoring forward pass
     device: where the reward model runs: auto (the GPU when there is one, like the learner), cpu, cuda, cuda:1

@@ -114,7 +114,8 @@ def test_resume_is_exact(source, tiny_model_path, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
     def strip(rs):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")} for r in rs]
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}
+                for r in rs]
 
     assert strip(rows(straight)) == strip(rows(split))
     if source == "on_policy":

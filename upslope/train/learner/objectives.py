@@ -314,7 +314,8 @@ class ValueObjective(ScalarObjective):
         return loss, {"clip_frac": clipped / max(float(mb.loss_mask.sum()), 1.0)}
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: float | torch.Tensor = 0.0) -> torch.Tensor:
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
+                       margin: float | torch.Tensor = 0.0) -> torch.Tensor:
     """[pairs] -log sigmoid(r_chosen - r_rejected - margin): the Bradley-Terry negative log-likelihood
     that the chosen reply wins, with a margin it must win by."""
     return -torch.nn.functional.logsigmoid(chosen - rejected - margin)

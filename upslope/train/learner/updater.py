@@ -184,8 +184,8 @@ class Updater:
         micro-batches. The objective first prepares the batch (e.g. old log-probs), then gives
         each micro-batch's share of the mini-batch loss (normalised by the mini-batch's token and
         sequence counts) and per-token-mean metrics (`Objective.micro_step`: the policy's log-probs
-        by default, a scalar head's outputs for a `ScalarObjective`). An objective that `gathers` gets the policy's
-        log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
+        by default, a scalar head's outputs for a `ScalarObjective`). An objective that `gathers`
+        gets the policy's log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
         whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
         count them, so the update equals the one over every row."""
         batch = objective.prepare(batch, self)
