@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from upslope.config import RewardSpec
 from upslope.rewards import build_reward_fns, score
 from upslope.rewards.judge import _CACHE, judge_backend, parse_score
 from upslope.rewards.process import aggregate_steps, split_steps
-from upslope.rewards.reward_model import RunningStats, load_scorer, normalize_scores
+from upslope.rewards.reward_model import RunningStats, normalize_scores
 from upslope.train.learner.scalar import load_scalar_model
 
 
