@@ -127,6 +127,8 @@ def test_resume_is_exact(source, tiny_model_path, tmp_path):
     (["lora.enabled=true"], "lora.enabled: upslope rm trains every weight"),
     (["rm.source=dataset", "rm.path=PAIRS", "rm.eval_pairs=40"], "rm.eval_pairs=40: "),
     (["rm.source=dataset", "rm.path=PAIRS", "rm.chosen_field=better"], "field 'better' missing (rm.chosen_field"),
+    (["rm.source=dataset", "rm.path=PAIRS", "rm.eval_pairs=2", "rollout.max_prompt_tokens=4",
+      "rollout.drop_long_prompts=true"], "no training pair is left after dropping prompts"),
 ])
 def test_bad_input_is_one_line(tiny_model_path, tmp_path, capsys, extra, message):
     path = tmp_path / "pairs.jsonl"

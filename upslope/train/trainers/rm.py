@@ -20,7 +20,7 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.data.pairs import PreferencePair, load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, DataError
 from upslope.logs.sinks import read_metrics
 from upslope.models import load_tokenizer, resolve_model
 from upslope.train.learner.objectives import BradleyTerryObjective, pair_metrics
@@ -77,8 +77,11 @@ class RMTrainer(BaseTrainer):
                     raise ConfigError(f"rm.eval_pairs={r.eval_pairs}: {r.path} has only {len(pairs)} pairs; "
                                       f"hold out fewer or give rm.eval_path")
                 pairs, held = pairs[:-r.eval_pairs], pairs[-r.eval_pairs:]
-            self.pairs = self.encode_pairs(pairs)
-            self.held_out = self.file_batch(self.encode_pairs(held[:r.eval_pairs]))
+            self.pairs, held_ids = self.encode_pairs(pairs), self.encode_pairs(held[:r.eval_pairs])
+            if not self.pairs or not held_ids:
+                raise DataError(f"{r.path}: no {'training' if not self.pairs else 'held-out'} pair is left after "
+                                f"dropping prompts over rollout.max_prompt_tokens")
+            self.held_out = self.file_batch(held_ids)
             self.sampler = UniformSampler(len(self.pairs), seed=cfg.train.seed, shuffle=r.shuffle)
             self.report.note(f"{len(self.pairs)} training and {self.held_out.num_groups} held-out preference pairs "
                              f"from {r.eval_path or r.path}")
