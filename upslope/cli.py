@@ -16,6 +16,7 @@ commands:
   eval     [RECIPE] [overrides]   evaluate a model: accuracy, pass@k, maj@k, lengths
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
+  rm       [RECIPE] [overrides]   train a reward model (Bradley-Terry) on file or on-policy preference pairs
   export   CHECKPOINT OUT_DIR [--force]
                                  write a checkpoint as a Hugging Face model (a LoRA adapter merged in);
                                  OUT_DIR must be new or empty (--force: replace it, never a directory

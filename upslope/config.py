@@ -282,6 +282,29 @@ class DPOConfig(Section):
     rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
     limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
     shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+class RMConfig(Section):
+    """Reward-model training (`upslope rm`): a scalar head on a causal LM, Bradley-Terry loss on
+    preference pairs from a file or from the policy's own samples labelled by the reward(s)."""
+
+    source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's samples (rollout.n per "
+                                                  "prompt; a rewarded vs an unrewarded completion) or from rm.path")
+    model: str | None = opt(None, "model the reward model starts from (default: model.name; same tokenizer)")
+    margin: float = opt(0.0, "Bradley-Terry margin: loss = -log sigmoid(r_chosen - r_rejected - margin)")
+    pairs_per_step: int = opt(16, "pairs per optimiser step (on_policy: up to 1 + rollout.max_resample_rounds "
+                                  "rollout rounds of rollout.prompts_per_step prompts)", ge=1)
+    eval_pairs: int = opt(64, "held-out pairs for pairwise accuracy (dataset: the file's last N, unless "
+                              "rm.eval_path; on_policy: built once from the evaluation prompts)", ge=1)
+    eval_path: str | None = opt(None, "dataset: a separate file of held-out pairs (default: the last rm.eval_pairs "
+                                      "pairs of rm.path)")
+    path: str | None = opt(None, "source=dataset: JSONL / Parquet file or HF dataset directory of pairs")
+    split: str | None = opt(None, "split of an HF dataset directory")
+    prompt_field: str = opt("prompt", "field holding the prompt (text or chat messages)")
+    chosen_field: str = opt("chosen", "field holding the preferred reply (text, or messages ending with it)")
+    rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
+    limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
+    shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+
+
 LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -323,6 +346,7 @@ class Config(Section):
     sft: SFTConfig = opt_factory(SFTConfig, "supervised fine-tuning (upslope sft; the loss is shared by rft)")
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
+    rm: RMConfig = opt_factory(RMConfig, "reward-model training (upslope rm)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
     _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
 

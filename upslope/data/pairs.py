@@ -11,7 +11,7 @@ from upslope.data.types import Example
 from upslope.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # data reads config sections; config consults the registries data fills
-    from upslope.config import DPOConfig
+    from upslope.config import DPOConfig, RMConfig
 
 
 @dataclass
@@ -24,18 +24,18 @@ class PreferencePair:
     rejected: str
 
 
-def load_pairs(cfg: DPOConfig) -> list[PreferencePair]:
-    """The pairs of `cfg.path` (the first `cfg.limit`)."""
+def load_pairs(cfg: DPOConfig | RMConfig, section: str = "dpo") -> list[PreferencePair]:
+    """The pairs of `cfg.path` (the first `cfg.limit`); errors name the options of `section`."""
     if not cfg.path:
-        raise ConfigError("dpo.path: dpo.source=dataset needs a file of pairs (JSONL, Parquet or an HF dataset "
-                          "directory with prompt, chosen and rejected fields)")
+        raise ConfigError(f"{section}.path: {section}.source=dataset needs a file of pairs (JSONL, Parquet or an HF "
+                          "dataset directory with prompt, chosen and rejected fields)")
     out: list[PreferencePair] = []
     for where, rec in read_records(cfg.path, cfg.split):
         if cfg.limit is not None and len(out) >= cfg.limit:
             break
-        prompt = _prompt(rec, cfg.prompt_field, where)
-        chosen = _reply(rec, cfg.chosen_field, where, "dpo.chosen_field")
-        rejected = _reply(rec, cfg.rejected_field, where, "dpo.rejected_field")
+        prompt = _prompt(rec, cfg.prompt_field, where, f"{section}.prompt_field")
+        chosen = _reply(rec, cfg.chosen_field, where, f"{section}.chosen_field")
+        rejected = _reply(rec, cfg.rejected_field, where, f"{section}.rejected_field")
         ex = Example(prompt=prompt, meta={"source": where}, id=str(rec.get("id", len(out))))
         out.append(PreferencePair(ex, chosen, rejected))
     if not out:
@@ -58,8 +58,8 @@ def _kind(value: Any) -> str:
     return "an empty list" if value == [] else type(value).__name__
 
 
-def _prompt(rec: dict[str, Any], name: str, where: str) -> str | list[dict[str, str]]:
-    value = require_field(rec, name, where, "dpo.prompt_field")
+def _prompt(rec: dict[str, Any], name: str, where: str, option: str) -> str | list[dict[str, str]]:
+    value = require_field(rec, name, where, option)
     if isinstance(value, str):
         return value
     if _is_messages(value):

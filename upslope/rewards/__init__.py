@@ -14,7 +14,8 @@ from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
 from upslope.rewards.user import load_user_function
 
-for _mod in ("upslope.rewards.length", "upslope.rewards.code"):
+for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
+             "upslope.rewards.judge", "upslope.rewards.process"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout
@@ -46,8 +47,11 @@ class RewardResult:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None) -> list[RewardFn]:
-    """Bind the configured rewards (or the task's default reward when none is configured)."""
+def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None,
+                     policy_tokenizer: Any = None) -> list[RewardFn]:
+    """Bind the configured rewards (or the task's default reward when none is configured). A
+    reward registered with `policy_tokenizer=True` (e.g. reward_model) is given the policy's
+    tokenizer and called once on no samples, so that it loads, and checks it, now."""
     from upslope.config import RewardSpec
     from upslope.data import task_default_reward
 
@@ -73,6 +77,16 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
             entry = REWARDS.get(spec.name, f"reward[{i}].name")
             fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
                 bool(entry.attrs.get("batched"))
+            if entry.attrs.get("policy_tokenizer"):
+                import functools
+
+                from upslope.errors import ConfigError
+
+                fn = functools.partial(fn, policy_tokenizer=policy_tokenizer)
+                try:
+                    fn([], [], [])
+                except ConfigError as exc:
+                    raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
         fns.append(RewardFn(label, spec.weight, fn, batched))
     return fns
 

@@ -13,6 +13,7 @@ TRAINERS = {
     "rft": "upslope.train.trainers.rft:RFTTrainer",
     "distill": "upslope.train.trainers.distill:DistillTrainer",
     "dpo": "upslope.train.trainers.dpo:DPOTrainer",
+    "rm": "upslope.train.trainers.rm:RMTrainer",
 }
 
 
@@ -56,3 +57,8 @@ def dpo(config: Config | str | None = None, overrides: list[str] | None = None) 
 def distill(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """`upslope distill` from Python: on-policy distillation."""
     return run_trainer("distill", config, overrides)
+
+
+def rm(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope rm` from Python: reward-model training (Bradley-Terry)."""
+    return run_trainer("rm", config, overrides)

@@ -66,7 +66,7 @@ class BaseTrainer:
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
-        self.updater = Updater.from_config(cfg, self.runtime.model_path, self.device)
+        self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
         if t.resume:  # before the engine starts: a bad checkpoint is reported at once
@@ -81,6 +81,11 @@ class BaseTrainer:
     def setup(self) -> None:
         """The method's own parts: data, rewards, sampler, extra models (runs before the policy
         is loaded; `self.device` is where the learner will be)."""
+
+    def make_updater(self) -> Updater:
+        """The learner: the policy (a causal LM) on the run's optimiser; a method that trains
+        another model (e.g. a reward model) builds its own."""
+        return Updater.from_config(self.cfg, self.runtime.model_path, self.device)
 
     def setup_objective(self) -> None:
         """What the method optimises, built once the policy is loaded (e.g. an Objective that needs
@@ -114,7 +119,7 @@ class BaseTrainer:
         cfg = self.cfg
         self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed)
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data) if rewards else []
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.runtime.tokenizer) if rewards else []
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback)

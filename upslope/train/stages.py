@@ -30,9 +30,9 @@ def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[
             c_lps.append(c.logprobs)
             gids.append(group_offset + g)
             trunc.append(c.truncated)
-            meta.append({**ex.meta, "answer": ex.answer, "completion": c.text, "example_id": ex.id,
-                         "completion_tokens": len(c.token_ids), "max_new_tokens": params.max_new_tokens,
-                         "finish_reason": c.finish_reason})
+            meta.append({**ex.meta, "answer": ex.answer, "prompt": ex.prompt, "completion": c.text,
+                         "example_id": ex.id, "completion_tokens": len(c.token_ids),
+                         "max_new_tokens": params.max_new_tokens, "finish_reason": c.finish_reason})
     return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, engine.version, meta)
 
 

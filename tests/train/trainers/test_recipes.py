@@ -1,6 +1,7 @@
 """Every RL recipe in recipes/ runs 2 training steps on a tiny model (HF engine). Recipes of the
-other commands (they configure an `sft`, `rft`, `dpo` or `distill` section) are run by their
-own trainers' tests in tests/train/trainers."""
+other commands (they configure an `sft`, `rft`, `dpo`, `distill` or `rm` section) are run by their
+own trainers' tests in tests/train/trainers. A recipe rewarded by a trained reward model gets a
+tiny one (the tiny model with a scalar head)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from upslope.config import RewardSpec, load_config
 from upslope.data import task_default_reward
 from upslope.train.trainers.rl import Trainer
 
-OTHER_COMMANDS = ("sft", "rft", "dpo", "distill")
+OTHER_COMMANDS = ("sft", "rft", "dpo", "distill", "rm")
 TOY = Path(__file__).resolve().parents[2] / "fixtures" / "toy_rewards.py"
 
 
@@ -29,8 +30,21 @@ def is_rl_recipe(path: Path) -> bool:
 RECIPES = [r for r in sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml")) if is_rl_recipe(r)]
 
 
+@pytest.fixture(scope="module")
+def tiny_reward_model(tiny_model_path, tokenizer, tmp_path_factory) -> str:
+    """The tiny model with a random scalar head, saved as a reward model."""
+    from upslope.train.learner.scalar import load_scalar_model
+
+    out = tmp_path_factory.mktemp("tiny-rm") / "model"
+    model = load_scalar_model(tiny_model_path, pad_id=tokenizer.pad_token_id)
+    torch.nn.init.normal_(model.net.score.weight, generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
-def test_recipe_runs_two_steps(recipe, tiny_model_path, tmp_path):
+def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_path):
     cfg = load_config(recipe, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path}",
                                "log.progress=false", "log.tensorboard=false", "log.plot=false",
                                "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -39,6 +53,8 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tmp_path):
     # a reward the tiny random model's samples differ in (the recipe's own rewards are all 0 for it), so
     # every recipe has signal to learn from; the recipe's components stay (GDPO normalises each)
     own = cfg.reward or [RewardSpec(name=task_default_reward(cfg.data)[0], options=task_default_reward(cfg.data)[1])]
+    own = [RewardSpec(**{**r.model_dump(), "options": {**r.options, "path": tiny_reward_model}})
+           if r.name == "reward_model" else r for r in own]
     cfg.reward = [*own, RewardSpec(name=f"{TOY}:long_text", as_name="long_text")]
     trainer = Trainer(cfg)
     trainable = {n: p.detach().clone() for n, p in trainer.updater.model.named_parameters() if p.requires_grad}

@@ -51,6 +51,15 @@ class Objective:
         """Token ids [n, L, K] whose policy log-probs the loss also needs (None: none)."""
         return None
 
+    def micro_step(self, updater: "Updater", mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics, float | None]:
+        """One micro-batch (on the updater's device) through the model: its loss, per-token
+        metrics and summed token entropy (None where the model has no LM head). By default the
+        policy's log-probs and entropies go to `loss`; a scalar-head objective overrides it."""
+        out = updater.forward(updater.model, mb, temperature=self.temperature, entropy_grad=self.entropy_grad,
+                              gather_ids=self.gather_ids(mb))
+        loss, metrics = self.loss(out.logprobs, out.entropy, mb, norms, out.gathered)
+        return loss, metrics, float((out.entropy * mb.loss_mask).sum())
+
     def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
              gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
         """The micro-batch's share of the mini-batch loss (normalised by `norms`) and per-token metrics."""
@@ -254,3 +263,103 @@ class PreferenceObjective(Objective):
         from upslope.algos.preference import preference_metrics
 
         return preference_metrics(self.outs, self.seen)
+
+
+class ScalarObjective(Objective):
+    """An objective over a scalar-head model (`upslope.train.learner.scalar`): the head's
+    outputs under the updater's precision go to `scalar_loss`; there are no log-probs."""
+
+    def micro_step(self, updater: "Updater", mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics, float | None]:
+        with updater.autocast():
+            out = self.forward(updater.model, mb)
+        loss, metrics = self.scalar_loss(out, mb, norms)
+        return loss, metrics, None
+
+    def forward(self, model: Any, mb: Batch) -> torch.Tensor:
+        """The head's outputs the loss needs (fp32)."""
+        raise NotImplementedError
+
+    def scalar_loss(self, out: torch.Tensor, mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics]:
+        """The micro-batch's share of the mini-batch loss and its per-token metrics."""
+        raise NotImplementedError
+
+
+def token_values(model: Any, mb: Batch) -> torch.Tensor:
+    """[n, L] values aligned to tokens: values[:, t] = V(the state that chooses token t), 0 off loss_mask."""
+    v = model.token_values(mb.input_ids, mb.attention_mask)
+    return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], 1) * mb.loss_mask
+
+
+class ValueObjective(ScalarObjective):
+    """PPO's critic: 0.5 * max((V - R)^2, (V_clipped - R)^2), token mean, with V_clipped the
+    new value kept within `value_clip` of the old one (batch.values); no clip when None."""
+
+    def __init__(self, value_clip: float | None):
+        self.value_clip = value_clip
+
+    def forward(self, model: Any, mb: Batch) -> torch.Tensor:
+        return token_values(model, mb)
+
+    def scalar_loss(self, out: torch.Tensor, mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics]:
+        assert mb.returns is not None and mb.values is not None, "the value loss needs batch.values and returns"
+        err = (out - mb.returns) ** 2
+        clipped = 0.0
+        if self.value_clip is not None:
+            v_clip = mb.values + (out - mb.values).clamp(-self.value_clip, self.value_clip)
+            err_clip = (v_clip - mb.returns) ** 2
+            clipped = float(((err_clip > err).float() * mb.loss_mask).sum())
+            err = torch.maximum(err, err_clip)
+        loss = aggregate(0.5 * err, mb.loss_mask, "token_mean", num_tokens=norms["num_tokens"],
+                         num_seqs=norms["num_seqs"])
+        return loss, {"clip_frac": clipped / max(float(mb.loss_mask.sum()), 1.0)}
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
+                       margin: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """[pairs] -log sigmoid(r_chosen - r_rejected - margin): the Bradley-Terry negative log-likelihood
+    that the chosen reply wins, with a margin it must win by."""
+    return -torch.nn.functional.logsigmoid(chosen - rejected - margin)
+
+
+class BradleyTerryObjective(ScalarObjective):
+    """Reward-model training on pair rows (a group of two: chosen and rejected, the higher
+    `rewards` value is the chosen one): the mean Bradley-Terry loss over the mini-batch's pairs.
+    Each pair's scores seen during the update give the pairwise accuracy and score margin."""
+
+    whole_groups = True
+
+    def __init__(self, margin: float = 0.0):
+        self.margin = margin
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def prepare(self, batch: Batch, updater: "Updater") -> Batch:
+        self.seen = []
+        return batch
+
+    def forward(self, model: Any, mb: Batch) -> torch.Tensor:
+        return model.sequence_scores(mb.input_ids, mb.attention_mask)
+
+    def scalar_loss(self, out: torch.Tensor, mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics]:
+        from upslope.train.methods.pair_batch import pair_rows
+
+        assert mb.rewards is not None
+        chosen, rejected = pair_rows(mb.group_ids.cpu(), mb.rewards.cpu())
+        rc, rr = out[chosen.to(out.device)], out[rejected.to(out.device)]
+        self.seen.append((rc.detach().cpu(), rr.detach().cpu()))
+        loss = bradley_terry_loss(rc, rr, self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
+        return loss, {}
+
+    def finish(self, batch: Batch) -> Metrics:
+        if not self.seen:
+            return {}
+        rc = torch.cat([c for c, _ in self.seen])
+        rr = torch.cat([r for _, r in self.seen])
+        return pair_metrics(rc, rr)
+
+
+def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> Metrics:
+    """Pairwise accuracy (chosen scored strictly higher; a tie counts half), mean score gap and mean score."""
+    diff = chosen - rejected
+    acc = (diff > 0).float().mean() + 0.5 * (diff == 0).float().mean()
+    return {"rm/accuracy": float(acc), "rm/margin": float(diff.mean()),
+            "rm/score_mean": float(torch.cat([chosen, rejected]).mean())}

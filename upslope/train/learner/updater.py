@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -23,19 +23,29 @@ if TYPE_CHECKING:
     from upslope.train.learner.objectives import Objective
 
 
+ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the trained module
+
+
+def causal_lm(path: str, model: ModelConfig) -> Any:
+    """The default trained model: a causal LM (the policy)."""
+    return load_model(path, model.dtype, model.trust_remote_code)
+
+
 def default_device() -> torch.device:
     """Where the learner trains: the GPU when there is one."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class Updater:
-    """Model + optimiser + schedule, and the one update loop every objective shares."""
+    """Model + optimiser + schedule, and the one update loop every objective shares. The model
+    is the policy (a causal LM) unless `loader` builds another (e.g. a scalar-head model for a
+    critic or a reward model, see `upslope.train.learner.scalar`)."""
 
     def __init__(self, model_path: str, model: ModelConfig, train: TrainConfig, optim: OptimConfig,
-                 lora_cfg: LoraConfig, device: str | torch.device | None = None):
+                 lora_cfg: LoraConfig, device: str | torch.device | None = None, loader: ModelLoader = causal_lm):
         self.model_cfg, self.train_cfg, self.optim_cfg, self.lora_cfg = model, train, optim, lora_cfg
         self.device = torch.device(device) if device is not None else default_device()
-        self.model = load_model(model_path, model.dtype, model.trust_remote_code).to(self.device)
+        self.model = loader(model_path, model).to(self.device)
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if train.lean_activations:
             use_lean_activations(self.model)
@@ -50,9 +60,10 @@ class Updater:
         self.nonfinite = NonFiniteGuard(optim.max_nonfinite_steps)
 
     @classmethod
-    def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None) -> "Updater":
+    def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None,
+                    loader: ModelLoader = causal_lm) -> "Updater":
         """The updater for a run's config (only its model, train, optim and lora sections are read)."""
-        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device)
+        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device, loader)
 
     def reference(self) -> Any:
         """The frozen reference (the initial model), loaded once on first use: with LoRA the
@@ -172,8 +183,9 @@ class Updater:
         optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
         micro-batches. The objective first prepares the batch (e.g. old log-probs), then gives
         each micro-batch's share of the mini-batch loss (normalised by the mini-batch's token and
-        sequence counts) and per-token-mean metrics. An objective that `gathers` gets the policy's
-        log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
+        sequence counts) and per-token-mean metrics (`Objective.micro_step`: the policy's log-probs
+        by default, a scalar head's outputs for a `ScalarObjective`). An objective that `gathers`
+        gets the policy's log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
         whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
         count them, so the update equals the one over every row."""
         batch = objective.prepare(batch, self)
@@ -189,14 +201,13 @@ class Updater:
             for idx in self.micro_batches(mini, objective.whole_groups):
                 mb = mini.select(idx).to(self.device)
                 sums["forwarded"] += float(self.forwarded_tokens(mb))
-                out = self.forward(self.model, mb, temperature=objective.temperature,
-                                   entropy_grad=objective.entropy_grad, gather_ids=objective.gather_ids(mb))
-                loss, metrics = objective.loss(out.logprobs, out.entropy, mb, norms, out.gathered)
+                loss, metrics, entropy = objective.micro_step(self, mb, norms)
                 loss.backward()
                 ntok = float(mb.loss_mask.sum())
                 sums["tokens"] += ntok
                 sums["loss"] += float(loss.detach())
-                sums["entropy"] += float((out.entropy * mb.loss_mask).sum())
+                if entropy is not None:
+                    sums["entropy"] += entropy
                 for k, v in metrics.items():
                     sums[k] += float(v) * ntok
             if mini.size == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
