@@ -27,7 +27,7 @@ from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Collected, Task, collect, rollout_fn
+from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.learner.updater import Updater, default_device
 from upslope.train.timing import StageClock, throughput
@@ -61,6 +61,7 @@ class BaseTrainer:
         seed_step(t.seed, 0)
         self.run_dir = Path(cfg.run_dir)
         self.runtime = Runtime.create(cfg, announce=self.report.note)
+        self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
         self.sampler: Any = None
