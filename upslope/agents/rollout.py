@@ -21,7 +21,7 @@ from upslope.rollout.base import Engine, SamplingParams
 if TYPE_CHECKING:
     from upslope.config import AgentConfig, Config
 
-_PLACEHOLDER = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+_PLACEHOLDER = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "assistant-placeholder"}]
 
 
 @dataclass
@@ -82,12 +82,13 @@ class AgentRun:
         messages = list(env.reset(example))
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}] + messages
-        prompt = self.encode_prompt(messages, env.toolbox, example)
+        prompt, messages = self.encode_prompt(messages, env.toolbox, example)
         return Trajectory(group, example, env, messages, prompt)
 
-    def encode_prompt(self, messages: list[Message], toolbox: ToolBox, example: Example) -> list[int]:
+    def encode_prompt(self, messages: list[Message], toolbox: ToolBox,
+                      example: Example) -> tuple[list[int], list[Message]]:
         """The first messages through the chat template, the tools offered with `tools=` when the
-        template takes them, else as the format's instructions in the system message."""
+        template takes them, else as the format's instructions in the system message: (ids, messages)."""
         tok = self.tokenizer
         if toolbox.tools and self.template_tools and self.use_chat_template:
             text = tok.apply_chat_template(messages, tools=toolbox.schemas(), tokenize=False,
@@ -101,25 +102,31 @@ class AgentRun:
             where = example.meta.get("source", f"example {example.id}")
             raise UpslopeError(f"{where}: the agent prompt (tools included) has {len(ids)} tokens, over "
                                f"rollout.max_prompt_tokens={self.max_prompt_tokens}; raise it")
-        return list(ids)
+        return list(ids), messages
 
-    def _tail(self, stop_id: int) -> str:
-        """What the chat template writes after a turn's end token before the next message (ChatML: a newline)."""
+    def _closing(self) -> str:
+        """What the chat template writes after an assistant message's content, up to the next message
+        (ChatML: "<|im_end|>\n")."""
         base = self.tokenizer.apply_chat_template(_PLACEHOLDER, tokenize=False)
-        end = self.tokenizer.decode([stop_id])
-        return base[base.rindex(end) + len(end):] if end and end in base else ""
+        content = _PLACEHOLDER[-1]["content"]
+        return base[base.rindex(content) + len(content):]
 
-    def continuation(self, messages: list[Message], stop_id: int) -> list[int]:
-        """Token ids of `messages` as the chat template renders them after an assistant turn that ended
-        with `stop_id`, up to the next assistant turn's header. Rendered after a fixed placeholder
-        conversation, so only the new messages are tokenised."""
+    def continuation(self, messages: list[Message], stop_id: int | None) -> list[int]:
+        """Token ids that close the last assistant turn and render `messages` as the chat template does,
+        up to the next assistant turn's header. `stop_id`: the end token the model wrote (the template's
+        closing then continues after it); None: the turn was cut, so the whole closing is added. Rendered
+        after a fixed placeholder conversation, so only the new messages are tokenised."""
         tok = self.tokenizer
         base = tok.apply_chat_template(_PLACEHOLDER, tokenize=False)
         full = tok.apply_chat_template(_PLACEHOLDER + list(messages), tokenize=False, add_generation_prompt=True)
         if not full.startswith(base):
             raise UpslopeError("the chat template renders earlier turns differently once messages follow them; "
                                "multi_turn rollouts need a template that only appends (set model.chat_template)")
-        return tok(self._tail(stop_id) + full[len(base):], add_special_tokens=False)["input_ids"]
+        closing = self._closing()
+        if stop_id is not None:
+            end = tok.decode([stop_id])
+            closing = closing[len(end):] if end and closing.startswith(end) else ""
+        return tok(closing + full[len(base):], add_special_tokens=False)["input_ids"]
 
 
 def with_system_text(messages: list[Message], text: str) -> list[Message]:
@@ -143,18 +150,18 @@ def _template_takes_tools(tokenizer: Any) -> bool:
     return "probe_tool_name" in with_tools
 
 
-def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, stop_ids: set[int]) -> None:
-    """Append one model turn (cut to `limit` tokens), then step the environment on it."""
-    toks, lps = list(completion.token_ids), list(completion.logprobs)
-    cut = len(toks) > limit
-    toks, lps = toks[:limit], lps[:limit]
+def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budget: int, stop_ids: set[int]) -> None:
+    """Append one model turn (cut to `limit` tokens), then step the environment on it. A turn cut at
+    agent.max_turn_tokens is closed by the rollout (the template's end-of-turn, not trained on); one cut
+    by the trajectory's `budget` ends the trajectory as truncated."""
+    toks, lps = list(completion.token_ids)[:limit], list(completion.logprobs)[:limit]
     start = len(tr.ids)
     tr.append(toks, lps, trained=True)
     tr.turns += 1
-    ended = bool(toks) and toks[-1] in stop_ids and not cut
+    ended = bool(toks) and toks[-1] in stop_ids
     text = run.tokenizer.decode(toks[:-1] if ended else toks, skip_special_tokens=True)
     tr.last_turn = text
-    if not ended:  # out of tokens inside a turn: the trajectory ends unanswered
+    if not ended and len(tr.ids) >= budget:  # out of tokens inside a turn: the trajectory ends unanswered
         tr.done = tr.truncated = True
         return
     tr.history.append({"role": "assistant", "content": text})
@@ -175,7 +182,7 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, stop
     if res.done or tr.turns >= run.cfg.max_turns:
         tr.done = True
         return
-    env_ids = run.continuation(res.messages, toks[-1])
+    env_ids = run.continuation(res.messages, toks[-1] if ended else None)
     tr.history += res.messages
     tr.pending = env_ids
 
@@ -196,7 +203,7 @@ def run_trajectories(run: AgentRun, engine: Engine, examples: Sequence[Example],
         outs = engine.generate([t.prompt + t.ids for t in active],
                                replace(params, n=1, max_new_tokens=max(limits), seed=seed))
         for tr, limit, [comp] in zip(active, limits, outs):
-            _model_turn(run, tr, comp, limit, stop_ids)
+            _model_turn(run, tr, comp, limit, budget, stop_ids)
             pending, tr.pending = tr.pending, None
             if pending is None:
                 continue
@@ -221,6 +228,7 @@ def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[
     model_tokens = sum(tr.mask)
     return {**tr.example.meta, "answer": tr.example.answer, "example_id": tr.example.id,
             "completion": tr.last_turn, "transcript": run.tokenizer.decode(tr.ids, skip_special_tokens=False),
+            "messages": list(tr.history),
             "reward_parts": dict(tr.parts), "completion_tokens": len(tr.ids), "max_new_tokens": max_new_tokens,
             "finish_reason": "length" if tr.truncated else "stop", "advantage_bonus": bonus,
             "metrics": {"agent/turns": float(tr.turns), "agent/tool_calls": float(box.calls),

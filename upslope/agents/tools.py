@@ -112,10 +112,12 @@ def check_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> dict[s
 
 
 def truncate(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, with a note saying how much was cut."""
+    """`text` cut to about `limit` characters: its head and its tail (where an error's last line is),
+    with a note saying how much was cut between them."""
     if len(text) <= limit:
         return text
-    return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+    head, tail = limit * 2 // 3, limit - limit * 2 // 3
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[len(text) - tail:]}"
 
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="upslope-tool")
