@@ -60,20 +60,22 @@ def answer_check(reward: str, options: dict[str, Any]) -> Callable[..., Any]:
 @ENVIRONMENTS.register("answer")
 class AnswerEnv(Environment):
     """Tool calls run and their results come back; a turn without one is the final answer, scored
-    by a reward plugin against the example's answer. Optional hints after a wrong answer."""
+    by a reward plugin against the example's answer. Optional hints after a wrong answer.
+
+    reward: reward plugin that scores the final answer (1: correct)
+    reward_options: its options (default for integer: extract=last, strict=true)
+    hints: most hints given after wrong answers (0: the first answer ends the trajectory)
+    hint: the guidance message (a user turn)
+    tool_bonus: reward part `tool` for a trajectory with at least one valid tool call (0: no such part)
+    after_tools: a user message sent after the tool results (e.g. a reminder to state the answer; "": none)
+    """
 
     def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: int = 0,
                  hint: str = "That is not right. Use a tool to check, then answer again.",
-                 tool_bonus: float = 0.0):
-        """reward: reward plugin that scores the final answer (1: correct)
-        reward_options: its options (default for integer: extract=last, strict=true)
-        hints: most hints given after wrong answers (0: the first answer ends the trajectory)
-        hint: the guidance message (a user turn)
-        tool_bonus: reward part `tool` for a trajectory with at least one valid tool call (0: no such part)
-        """
+                 tool_bonus: float = 0.0, after_tools: str = ""):
         opts = reward_options if reward_options is not None else ({"extract": "last"} if reward == "integer" else {})
         self.check = answer_check(reward, opts)
-        self.hints, self.hint, self.tool_bonus = hints, hint, tool_bonus
+        self.hints, self.hint, self.tool_bonus, self.after_tools = hints, hint, tool_bonus, after_tools
         self.given = 0
         self.reward_names = ("correct", "tool") if tool_bonus else ("correct",)
 
@@ -81,7 +83,8 @@ class AnswerEnv(Environment):
         assert self.toolbox is not None and self.example is not None
         turn = self.toolbox.run(model_turn)
         if turn.calls:
-            return StepResult(turn.messages, done=False)
+            nudge = [{"role": "user", "content": self.after_tools}] if self.after_tools else []
+            return StepResult(turn.messages + nudge, done=False)
         correct = float(self.check(model_turn, self.example.answer, self.example.meta))
         parts = {"correct": correct}
         if self.tool_bonus:

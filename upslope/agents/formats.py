@@ -20,7 +20,7 @@ def _tool_list(schemas: list[dict[str, Any]]) -> str:
 
 @TOOL_FORMATS.register("hermes")
 class Hermes:
-    """JSON in <tool_call> tags (Hermes / Qwen style): <tool_call>{"name": ..., "arguments": {...}}</tool_call>."""
+    """JSON in tool_call tags (Hermes / Qwen style): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
 
     def parse(self, text: str) -> list[ToolCall]:
         """Every tagged call in `text`, in order (an unclosed last tag counts: the turn ended inside it)."""
@@ -56,10 +56,12 @@ class Hermes:
 
 @TOOL_FORMATS.register("python_block")
 class PythonBlock:
-    """A fenced ```python block is a call of the `python` tool with the block as its code."""
+    """A fenced ```python block is a call of the `python` tool with the block as its code.
+
+    tool: the tool each block is passed to (its one argument is `code`)
+    """
 
     def __init__(self, *, tool: str = "python"):
-        """tool: the tool each block is passed to (its one argument is `code`)"""
         self.tool = tool
 
     def parse(self, text: str) -> list[ToolCall]:
