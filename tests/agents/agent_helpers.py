@@ -33,7 +33,8 @@ def echo_config(**extra) -> AgentConfig:
 
 @ENVIRONMENTS.register("hint_test")
 class HintEnv(Environment):
-    """A hint after the first turn, then a correct answer: the reward shows the hint decay."""
+    """A hint after the first turn (starting the next turn with "Answer:"), then a correct answer: the
+    reward shows the hint decay."""
 
     def __init__(self):
         self.seen = 0
@@ -41,7 +42,7 @@ class HintEnv(Environment):
     def step(self, history, model_turn):
         self.seen += 1
         if self.seen == 1:
-            return StepResult([{"role": "user", "content": "Try again."}], done=False, hint=True)
+            return StepResult([{"role": "user", "content": "Try again."}], done=False, hint=True, prefill="Answer:")
         return StepResult([], done=True, reward_parts={"correct": 1.0})
 
 

@@ -101,13 +101,21 @@ def test_groups_and_env_reward_through_the_reward_stage(agent_batch):
 
 
 def test_rewards_after_a_hint_are_decayed(tokenizer, hf_engine):
-    """A correct answer after one hint earns hint_decay x the reward."""
+    """A correct answer after one hint earns hint_decay x the reward; the text the hint prefills the
+    next turn with is in the row as masked environment tokens."""
     run = AgentRun(AgentConfig(env=Plugin(name="hint_test"), max_turns=3, max_turn_tokens=4, hint_decay=0.25),
                    tokenizer)
     batch = multi_turn(hf_engine, [], arith(count=1), SamplingParams(n=2, max_new_tokens=64, seed=0), 2, run=run)
     assert [m["reward_parts"] for m in batch.meta] == [{"correct": 0.25}] * 2
     assert [m["metrics"]["agent/hints"] for m in batch.meta] == [1.0, 1.0]
-    assert "Try again." in batch.meta[0]["transcript"]
+    assert "Try again.<|im_end|>\n<|im_start|>assistant\nAnswer:" in batch.meta[0]["transcript"]
+    for i in range(batch.size):  # the prefilled "Answer:" is environment text: in the row, masked
+        row = tokenizer.decode(batch.input_ids[i, :int(batch.seq_lens[i])].tolist(), skip_special_tokens=False)
+        assert tokenizer.apply_chat_template(batch.meta[i]["messages"], tokenize=False).startswith(row)
+        p = int(batch.prompt_lens[i])
+        runs = segments(batch.loss_mask[i, p:int(batch.seq_lens[i])].int().tolist())
+        _, start, end = runs[1]
+        assert tokenizer.decode(batch.input_ids[i, p + start:p + end]).endswith("assistant\nAnswer:")
 
 
 @pytest.mark.parametrize("sft_coef", [0.0, 0.5])

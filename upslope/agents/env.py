@@ -26,12 +26,14 @@ Message = dict[str, Any]
 @dataclass
 class StepResult:
     """What the environment answers to one model turn. `hint`: the messages are guidance after a
-    wrong answer (reward parts earned after k hints are multiplied by agent.hint_decay**k)."""
+    wrong answer (reward parts earned after k hints are multiplied by agent.hint_decay**k).
+    `prefill`: text the next model turn starts with (environment tokens: masked, not trained)."""
 
     messages: list[Message] = field(default_factory=list)
     done: bool = True
     reward_parts: dict[str, float] = field(default_factory=dict)
     hint: bool = False
+    prefill: str = ""
 
 
 class Environment:
@@ -68,14 +70,16 @@ class AnswerEnv(Environment):
     hint: the guidance message (a user turn)
     tool_bonus: reward part `tool` for a trajectory with at least one valid tool call (0: no such part)
     after_tools: a user message sent after the tool results (e.g. a reminder to state the answer; "": none)
+    answer_prefix: text the model's turn after tool results starts with (masked), e.g. "The answer is"
     """
 
     def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: int = 0,
                  hint: str = "That is not right. Use a tool to check, then answer again.",
-                 tool_bonus: float = 0.0, after_tools: str = ""):
+                 tool_bonus: float = 0.0, after_tools: str = "", answer_prefix: str = ""):
         opts = reward_options if reward_options is not None else ({"extract": "last"} if reward == "integer" else {})
         self.check = answer_check(reward, opts)
         self.hints, self.hint, self.tool_bonus, self.after_tools = hints, hint, tool_bonus, after_tools
+        self.answer_prefix = answer_prefix
         self.given = 0
         self.reward_names = ("correct", "tool") if tool_bonus else ("correct",)
 
@@ -84,7 +88,7 @@ class AnswerEnv(Environment):
         turn = self.toolbox.run(model_turn)
         if turn.calls:
             nudge = [{"role": "user", "content": self.after_tools}] if self.after_tools else []
-            return StepResult(turn.messages + nudge, done=False)
+            return StepResult(turn.messages + nudge, done=False, prefill=self.answer_prefix)
         correct = float(self.check(model_turn, self.example.answer, self.example.meta))
         parts = {"correct": correct}
         if self.tool_bonus:

@@ -44,6 +44,7 @@ class Trajectory:
     truncated: bool = False
     last_turn: str = ""
     pending: list[int] | None = None  # the environment's reply, appended once it fits the budget
+    prefill: str = ""  # the text the environment started the current model turn with
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float] | None, trained: bool) -> None:
         self.ids += list(ids)
@@ -111,11 +112,12 @@ class AgentRun:
         content = _PLACEHOLDER[-1]["content"]
         return base[base.rindex(content) + len(content):]
 
-    def continuation(self, messages: list[Message], stop_id: int | None) -> list[int]:
+    def continuation(self, messages: list[Message], stop_id: int | None, prefill: str = "") -> list[int]:
         """Token ids that close the last assistant turn and render `messages` as the chat template does,
         up to the next assistant turn's header. `stop_id`: the end token the model wrote (the template's
         closing then continues after it); None: the turn was cut, so the whole closing is added. Rendered
-        after a fixed placeholder conversation, so only the new messages are tokenised."""
+        after a fixed placeholder conversation, so only the new messages are tokenised. `prefill` starts
+        the next assistant turn."""
         tok = self.tokenizer
         base = tok.apply_chat_template(_PLACEHOLDER, tokenize=False)
         full = tok.apply_chat_template(_PLACEHOLDER + list(messages), tokenize=False, add_generation_prompt=True)
@@ -126,7 +128,7 @@ class AgentRun:
         if stop_id is not None:
             end = tok.decode([stop_id])
             closing = closing[len(end):] if end and closing.startswith(end) else ""
-        return tok(closing + full[len(base):], add_special_tokens=False)["input_ids"]
+        return tok(closing + full[len(base):] + prefill, add_special_tokens=False)["input_ids"]
 
 
 def with_system_text(messages: list[Message], text: str) -> list[Message]:
@@ -164,7 +166,7 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     if not ended and len(tr.ids) >= budget:  # out of tokens inside a turn: the trajectory ends unanswered
         tr.done = tr.truncated = True
         return
-    tr.history.append({"role": "assistant", "content": text})
+    tr.history.append({"role": "assistant", "content": tr.prefill + text})
     calls_before, valid_before = tr.env.toolbox.calls, tr.env.toolbox.valid  # type: ignore[union-attr]
     try:
         res = tr.env.step(tr.history, text)
@@ -182,8 +184,9 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     if res.done or tr.turns >= run.cfg.max_turns:
         tr.done = True
         return
-    env_ids = run.continuation(res.messages, toks[-1] if ended else None)
+    env_ids = run.continuation(res.messages, toks[-1] if ended else None, res.prefill)
     tr.history += res.messages
+    tr.prefill = res.prefill
     tr.pending = env_ids
 
 
