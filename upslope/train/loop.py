@@ -54,7 +54,7 @@ class BaseTrainer:
         self.cfg = cfg
         self.report = Report()
         self.check_config()
-        self.rollout = rollout_fn(cfg.rollout.kind)
+        self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
