@@ -134,3 +134,19 @@ def test_valid_tool_call_turns_of_successful_trajectories_get_the_sft_term(token
         first_turn = slice(p, p + 4)
         assert torch.equal(out.advantages[i, first_turn], torch.full((4,), sft_coef))
         assert (out.advantages[i, p + 4:] == 0).all()
+
+
+def test_multi_turn_through_vllm(agent_run, vllm_engine, hf_engine, tokenizer):
+    """The same rollout through the session's vLLM engine (prefix caching on): rows render as the chat
+    template renders the conversation, env tokens are masked, and vLLM's bf16 log-probs of the model
+    tokens agree with the fp32 policy's on the final rows."""
+    batch = multi_turn(vllm_engine, [], arith(split="test", count=2, digits=3),
+                       SamplingParams(n=2, temperature=1.0, max_new_tokens=96, stop_token_ids=[2]), 2, run=agent_run)
+    for i in range(batch.size):
+        row = tokenizer.decode(batch.input_ids[i, :int(batch.seq_lens[i])].tolist(), skip_special_tokens=False)
+        assert tokenizer.apply_chat_template(batch.meta[i]["messages"], tokenize=False).startswith(row)
+        assert batch.meta[i]["metrics"]["agent/env_tokens"] > 0
+    m = batch.loss_mask > 0
+    assert (batch.sampler_logprobs[~m] == 0).all()
+    lp, _ = token_logprobs(hf_engine.model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    assert (lp[m] - batch.sampler_logprobs[m]).abs().mean() < 0.1
