@@ -214,10 +214,9 @@ def run_trajectories(run: AgentRun, engine: Engine, examples: Sequence[Example],
                 tr.done = tr.truncated = True
                 continue
             tr.append(pending, None, trained=False)
-    for tr in trajs:
+    for tr in trajs:  # every declared part, in declared order (the first decides accuracy), then any others
         tr.done = True
-        for name in tr.env.reward_names:
-            tr.parts.setdefault(name, 0.0)
+        tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
     return trajs
 
 
@@ -225,8 +224,7 @@ def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[
     """What rewards, logs and the SFT term read about a trajectory."""
     box = tr.env.toolbox
     assert box is not None
-    first = next(iter(tr.parts.values()), 0.0)
-    success = first >= 0.5
+    success = tr.parts.get(tr.env.reward_names[0], 0.0) >= 0.5 if tr.env.reward_names else False
     bonus = [(s, e, run.cfg.sft_coef) for s, e in tr.tool_turns] if success and run.cfg.sft_coef else []
     model_tokens = sum(tr.mask)
     return {**tr.example.meta, "answer": tr.example.answer, "example_id": tr.example.id,
