@@ -208,7 +208,8 @@ class AgentConfig(Section):
     max_turns: int = opt(4, "most model turns per trajectory", ge=1)
     max_turn_tokens: int | None = opt(None, "most tokens per model turn (default: what is left of rollout.max_new_tokens, "
                                             "which bounds each trajectory's model and tool tokens together)", ge=1)
-    tool_timeout_s: float = opt(5.0, "wall-clock limit of one tool call; past it the model gets a timeout message", gt=0)
+    tool_timeout_s: float = opt(10.0, "wall-clock limit of one tool call; past it the model gets a timeout message "
+                                      "(the python tool has its own, shorter limit inside the sandbox)", gt=0)
     tool_output_chars: int = opt(400, "tool results longer than this are cut (the model sees a truncation note)", ge=16)
     sft_coef: float = opt(0.0, "weight of the interleaved SFT term on valid tool-call turns of successful "
                                "trajectories (0: off)", ge=0)

@@ -144,7 +144,7 @@ def call_tool(fn: Callable[..., Any], arguments: dict[str, Any], timeout_s: floa
 class ToolBox:
     """The tools of one trajectory, the call format, and the limits: runs the calls of a model turn."""
 
-    def __init__(self, tools: Sequence[Callable[..., Any]], fmt: Any, timeout_s: float = 5.0, max_chars: int = 400):
+    def __init__(self, tools: Sequence[Callable[..., Any]], fmt: Any, timeout_s: float = 10.0, max_chars: int = 400):
         self.tools = {tool_name(t): t for t in tools}
         self.format = fmt
         self.timeout_s = timeout_s
