@@ -150,3 +150,26 @@ def test_multi_turn_through_vllm(agent_run, vllm_engine, hf_engine, tokenizer):
     assert (batch.sampler_logprobs[~m] == 0).all()
     lp, _ = token_logprobs(hf_engine.model, batch.input_ids, batch.attention_mask, batch.loss_mask)
     assert (lp[m] - batch.sampler_logprobs[m]).abs().mean() < 0.1
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tools_go_through_the_template_when_it_takes_them(tokenizer):
+    """A chat template that renders `tools=` gets the schemas there; SmolLM2's, which ignores them,
+    gets the format's instructions in the system message instead."""
+    import copy
+
+    own = copy.deepcopy(tokenizer)
+    own.chat_template = TOOLS_TEMPLATE
+    cfg = AgentConfig(tools=[Plugin(name="calculator")])
+    [example] = arith(count=1)
+    with_tools = AgentRun(cfg, own).start(example, 0)
+    text = own.decode(with_tools.prompt)
+    assert text.startswith('<|im_start|>system\nTools: [{"type": "function", "function": {"name": "calculator"')
+    assert "<tool_call>" not in text and with_tools.history == example.messages()
+    plain = AgentRun(cfg, tokenizer).start(example, 0)
+    assert plain.history[0]["role"] == "system" and "<tool_call>" in plain.history[0]["content"]
+    assert '"name": "calculator"' in tokenizer.decode(plain.prompt)
