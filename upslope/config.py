@@ -196,6 +196,27 @@ class TrainConfig(Section):
     stop_after: int | None = opt(None, "stop (with a checkpoint) after this many steps in this invocation", ge=1)
 
 
+class AgentConfig(Section):
+    """Multi-turn agents (rollout.kind=multi_turn): the environment, its tools and the turn limits."""
+
+    env: Plugin = opt(Plugin(name="answer"), "environment each trajectory runs in (registry: environment)",
+                      registry="environment")
+    tools: list[Plugin] = opt([], "tools offered to the model (registry: tool), e.g. [{name: calculator}]; "
+                                  "empty: the environment's own", registry="tool")
+    tool_format: str = opt("hermes", "how the model writes tool calls and how they are parsed (registry: tool_format)",
+                           registry="tool_format")
+    max_turns: int = opt(4, "most model turns per trajectory", ge=1)
+    max_turn_tokens: int | None = opt(None, "most tokens per model turn (default: what is left of rollout.max_new_tokens, "
+                                            "which bounds each trajectory's model and tool tokens together)", ge=1)
+    tool_timeout_s: float = opt(10.0, "wall-clock limit of one tool call; past it the model gets a timeout message "
+                                      "(the python tool has its own, shorter limit inside the sandbox)", gt=0)
+    tool_output_chars: int = opt(400, "tool results longer than this are cut (the model sees a truncation note)", ge=16)
+    sft_coef: float = opt(0.0, "weight of the interleaved SFT term on valid tool-call turns of successful "
+                               "trajectories (0: off)", ge=0)
+    hint_decay: float = opt(0.5, "reward parts earned after k guidance hints are multiplied by hint_decay**k",
+                            ge=0, le=1)
+
+
 class EvalConfig(Section):
     data: DataConfig | None = opt(None, "held-out prompts (default: the training task with eval_seed, 200 problems)")
     n: int = opt(1, "samples per prompt", ge=1)
@@ -340,6 +361,7 @@ class Config(Section):
     optim: OptimConfig = opt_factory(OptimConfig, "optimiser and schedule")
     critic: CriticConfig = opt_factory(CriticConfig, "value model for PPO (used by the gae advantage)")
     train: TrainConfig = opt_factory(TrainConfig, "training loop")
+    agent: AgentConfig = opt_factory(AgentConfig, "multi-turn agents with tools (rollout.kind=multi_turn)")
     eval: EvalConfig = opt_factory(EvalConfig, "evaluation")
     log: LogConfig = opt_factory(LogConfig, "metric sinks and progress")
     distill: DistillConfig = opt_factory(DistillConfig, "on-policy distillation: teacher and loss (upslope distill)")

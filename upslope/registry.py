@@ -148,7 +148,7 @@ _BUILTINS_LOADED = False
 # the registries, so they import this module; none may import upslope.config at load time
 # (config consults the registries: tests/test_import_graph.py checks both).
 BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
-                   "upslope.rollout.hf", "upslope.rollout.vllm", "upslope.train.stages")
+                   "upslope.rollout.hf", "upslope.rollout.vllm", "upslope.train.stages", "upslope.agents")
 
 
 def load_builtins() -> None:
@@ -179,3 +179,6 @@ ROLLOUTS: Registry = Registry("rollout")
 ENGINES: Registry = Registry("engine")
 DISTILL_LOSSES: Registry = Registry("distill_loss")
 PREFERENCE_LOSSES: Registry = Registry("preference_loss")
+ENVIRONMENTS: Registry = Registry("environment")
+TOOLS: Registry = Registry("tool")
+TOOL_FORMATS: Registry = Registry("tool_format")

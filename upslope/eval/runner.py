@@ -19,7 +19,8 @@ from upslope.rewards import build_reward_fns, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Task, collect, rollout_fn
+from upslope.train.collect import Task, collect, make_rollout
+from upslope.train.stages import meta_metrics
 from upslope.train.timing import StageClock
 
 
@@ -75,7 +76,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")
     task = Task(prompt_ids, list(examples), reward_fns, combiner, cfg.reward_fallback)
-    rollout = rollout_fn(cfg.rollout.kind)
+    rollout = make_rollout(cfg, runtime.tokenizer)
     engine = runtime.engine
     clock = StageClock()
     batches: list[Batch] = []
@@ -104,6 +105,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                 name = key.removeprefix("reward_failures/")
                 failures[name] = failures.get(name, 0) + int(count)
     summary = _summarise(examples, metas, rewards, correct, specs[0], ev.n, ev.k)
+    summary.update(meta_metrics(metas))
     statuses = status_counts(metas)
     if statuses:
         summary["sandbox_status"] = statuses
@@ -122,6 +124,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                                          "completion": m["completion"], "reward": rewards[i], "correct": correct[i],
                                          "finish": m["finish_reason"], "tokens": m["completion_tokens"],
                                          "status": m.get("sandbox_status"),
+                                         **({"transcript": m["transcript"]} if "transcript" in m else {}),
                                          **{f"reward/{k}": float(v[i]) for k, v in batch.reward_components.items()}},
                                         default=str) + "\n")
     return summary

@@ -50,6 +50,14 @@ def rollout_fn(kind: str) -> stages.RolloutFn:
     return ROLLOUTS.get(kind, "rollout.kind").fn
 
 
+def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
+    """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer)` (e.g. multi_turn, which
+    needs the agent section) is built by it; a plain one is used as it is."""
+    entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
+    setup = entry.attrs.get("setup")
+    return setup(cfg, tokenizer) if setup is not None else entry.fn
+
+
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
             keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,

@@ -27,7 +27,7 @@ from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Collected, Task, collect, rollout_fn
+from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.learner.updater import Updater, default_device
 from upslope.train.timing import StageClock, throughput
@@ -54,13 +54,14 @@ class BaseTrainer:
         self.cfg = cfg
         self.report = Report()
         self.check_config()
-        self.rollout = rollout_fn(cfg.rollout.kind)
+        self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
         seed_step(t.seed, 0)
         self.run_dir = Path(cfg.run_dir)
         self.runtime = Runtime.create(cfg, announce=self.report.note)
+        self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
         self.sampler: Any = None

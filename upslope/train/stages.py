@@ -96,7 +96,28 @@ def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Ten
     out, returns = fn(batch), batch.returns
     if isinstance(out, tuple):
         out, returns = out
-    return replace(batch, advantages=out.float() * batch.loss_mask, returns=returns)
+    return replace(batch, advantages=(out.float() + advantage_bonus(batch)) * batch.loss_mask, returns=returns)
+
+
+def advantage_bonus(batch: Batch) -> torch.Tensor:
+    """Per-token additions to the advantage a rollout asked for in meta["advantage_bonus"] as (start, end,
+    value) spans of completion positions: the multi-turn rollout's interleaved SFT term (at ratio 1 the
+    policy-gradient of +w on a token's advantage is that of w x its negative log-likelihood)."""
+    bonus = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    for i, m in enumerate(batch.meta):
+        p = int(batch.prompt_lens[i])
+        for start, end, value in m.get("advantage_bonus", ()):
+            bonus[i, p + start:p + end] += value
+    return bonus
+
+
+def meta_metrics(metas: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Means over the samples of the numbers a rollout put in meta["metrics"] (e.g. agent/turns)."""
+    sums: dict[str, float] = {}
+    for m in metas:
+        for k, v in m.get("metrics", {}).items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    return {k: v / len(metas) for k, v in sums.items()}
 
 
 def zero_variance_fraction(batch: Batch) -> float:
@@ -121,6 +142,7 @@ def rollout_metrics(batch: Batch) -> dict[str, Any]:
         "length/truncated_frac": float(batch.truncated.float().mean()),
         "groups/zero_variance_frac": zero_variance_fraction(batch),
     }
+    out.update(meta_metrics(batch.meta))
     for i, (name, v) in enumerate(batch.reward_components.items()):
         out[f"reward/{name}"] = float(v.mean())
         if i == 0:  # the first component decides correctness, as in evaluation

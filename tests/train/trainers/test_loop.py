@@ -151,7 +151,7 @@ def test_kill_during_checkpoint_write_leaves_previous_loadable(tiny_model_path, 
     (["train", "rollout.n=1"], "needs rollout.n >= 2"),
     (["train", "algo.advantage.name=grpoo"], "did you mean 'grpo'"),
     (["train", "algo.advantage.options={scale_by_sdt: false}"], "did you mean 'scale_by_std'"),
-    (["train", "rollout.kind=multi_turn"], "rollout.kind: unknown rollout 'multi_turn'"),
+    (["train", "rollout.kind=multi_trun"], "rollout.kind: unknown rollout 'multi_trun' (did you mean 'multi_turn'?)"),
     (["dpo", "rollout.kind=single_trun"], "did you mean 'single_turn'"),
 ])
 def test_bad_input_is_one_clear_line(args, expected, capsys):

@@ -1,0 +1,26 @@
+"""Bad agent settings are one clear error line (exit 2), before anything is generated."""
+from __future__ import annotations
+
+import pytest
+
+from upslope.cli import main
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["agent.env.name=answr"], "agent.env.name: unknown environment 'answr' (did you mean 'answer'?)"),
+    (["agent.tools=[{name: calculater}]"], "agent.tools[0].name: unknown tool 'calculater' (did you mean 'calculator'?)"),
+    (["agent.tool_format=hermez"], "agent.tool_format: unknown tool_format 'hermez' (did you mean 'hermes'?)"),
+    (["agent.env.options={tool_bonos: 1}"], "agent.env.options.tool_bonos: unknown option for environment 'answer' (did you mean 'tool_bonus'?)"),
+    (["agent.tools=[{name: python, options: {timeout_s: soon}}]"], "agent.tools[0].options.timeout_s:"),
+    (["agent.max_turns=0"], "agent.max_turns"),
+    (["agent.hint_decay=2"], "agent.hint_decay"),
+    (["rollout.max_prompt_tokens=64"], "over rollout.max_prompt_tokens=64"),
+])
+def test_bad_agent_settings_are_one_line(extra, expected, tiny_model_path, tmp_path, capsys):
+    args = ["train", f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path / 'r'}", "rollout.kind=multi_turn",
+            "agent.tools=[{name: calculator}]", "reward=[{name: env}]", "train.steps=1", "train.eval_before=false",
+            "log.progress=false", "rollout.prompts_per_step=2", "rollout.n=2", *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("upslope: error:") and expected in err[0], err
+    assert not (tmp_path / "r" / "checkpoints").exists()
