@@ -64,6 +64,8 @@ class Trainer(BaseTrainer):
         r = self.cfg.rollout
         got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
                            keep=lambda b: stages.apply_filters(b, self.filters))
+        if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
+            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
         metrics = got.metrics
         metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
         if self.filters:
