@@ -9,7 +9,7 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS
+from upslope.registry import ADVANTAGES, FILTERS, REPLAY
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.loop import BaseTrainer, seed_step
@@ -43,18 +43,27 @@ class Trainer(BaseTrainer):
             from upslope.train.methods.critic import Critic
 
             self.critic = Critic.from_config(cfg, self.runtime.model_path, self.device)
+        replay = cfg.algo.replay
+        self.replay = REPLAY.bind(replay.name, replay.options, where="algo.replay.options")() if replay else None
 
     def setup_objective(self) -> None:
         self.objective = RLObjective.from_config(self.cfg, self.updater)
 
     def extra_state(self) -> dict[str, Any]:
-        return {"critic": self.critic.state()} if self.critic is not None else {}
+        state: dict[str, Any] = {"critic": self.critic.state()} if self.critic is not None else {}
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.critic is not None:
             if "critic" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
             self.critic.load(state["critic"])
+        if self.replay is not None:
+            if "replay" not in state:
+                raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
+            self.replay.load_state_dict(state["replay"])
 
     # ------------------------------------------------------------------ stages wired
 
@@ -72,9 +81,9 @@ class Trainer(BaseTrainer):
             metrics["filter/groups_dropped"] = float(got.dropped)
         return got.batch, metrics
 
-    def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
+    def prepare(self, batch: Batch, metrics: dict[str, Any], step: int = 0) -> Batch:
         """Between reward and update: overlong masking, reference log-probs (and KL folded
-        into the reward), critic values and returns, advantages."""
+        into the reward), critic values and returns, advantages, then replayed rows (algo.replay)."""
         algo = self.cfg.algo
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
@@ -85,6 +94,9 @@ class Trainer(BaseTrainer):
             batch = stages.values_and_returns(batch, self.critic.values(batch))
         batch = stages.advantage(batch, self.advantage_fn)
         metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
+        if self.replay is not None:
+            batch, replayed = self.replay.mix(batch, step, self.runtime.tokenizer.pad_token_id)
+            metrics.update(replayed)
         return batch
 
     def step(self, step: int) -> dict[str, Any]:
@@ -94,7 +106,7 @@ class Trainer(BaseTrainer):
             metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
             return metrics
         with self.clock("learner"):
-            batch = self.prepare(batch, metrics)
+            batch = self.prepare(batch, metrics, step)
             metrics.update(self.updater.update(batch, step, self.objective))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))
