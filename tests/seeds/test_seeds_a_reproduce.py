@@ -108,3 +108,9 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
     assert rp.main(["--render", "--rows", str(rows), "--doc", str(doc)]) == 0
     assert "| cero |" in doc.read_text()
+
+
+def test_committed_page_is_the_generated_one():
+    """docs/reproductions.md is generated: regenerate with `python benchmarks/reproduce.py --render`."""
+    notes = rp.NOTES.read_text() if rp.NOTES.exists() else ""
+    assert rp.DOC.read_text() == rp.render(rp.load_rows(rp.ROWS), notes)
