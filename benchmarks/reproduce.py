@@ -37,23 +37,30 @@ RUN_FLAGS = ("log.progress=false", "log.tensorboard=false", "log.plot=false", "t
 
 @dataclass(frozen=True)
 class Claim:
-    """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction."""
+    """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction,
+    and overrides both arms run with (e.g. sampled evaluation for a pass@k metric)."""
 
     recipe: str
     baseline: str
     metric: str
     direction: str  # "higher" or "lower"
     paper: str
+    overrides: tuple[str, ...] = ()
 
 
+PASS_AT_8 = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
 METHODS: dict[str, Claim] = {
-    "cero": Claim("cero", "headroom", "eval/accuracy", "higher", "CERO: adaptive rollout allocation (Beta posterior)"),
-    "ads": Claim("ads", "headroom", "eval/accuracy", "higher", "ADS: adaptive data scheduling (policy boundary)"),
-    "boundary_curriculum": Claim("boundary_curriculum", "headroom", "eval/accuracy", "higher",
-                                 "Boundary-aware curriculum RL (pass@k locate, consolidate)"),
+    "cero": Claim("cero", "headroom", "eval/accuracy", "higher",
+                  "Cross-Epoch Adaptive Rollout Optimization for RL Post-Training (CERO)"),
+    "ads": Claim("ads", "headroom", "eval/accuracy", "higher",
+                 "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM RL (ADS)"),
+    "boundary_curriculum": Claim("boundary_curriculum", "headroom", "eval/pass@8", "higher",
+                                 "Curriculum RL Can Incentivize Reasoning Capacity in LLMs Beyond the Base Model",
+                                 PASS_AT_8),
     "replay": Claim("replay", "headroom", "eval/accuracy", "higher",
-                    "Fresh-anchored rollout-level replay for GRPO"),
-    "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher", "ReRULE: replay of hard low-reward groups"),
+                    "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
+    "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
+                    "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
 }
 
 
@@ -150,7 +157,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = work / method / arm / f"seed{seed}"
-            cmd = arm_command(recipe, seed, steps, run_dir, extra)
+            cmd = arm_command(recipe, seed, steps, run_dir, [*claim.overrides, *extra])
             if dry_run:
                 print(shlex.join(cmd))
                 continue

@@ -110,13 +110,13 @@ def test_replay_config_is_checked():
         load_config(None, ["algo.replay={name: fresh}"])
 
 
-def run(overrides: list[str]) -> list[dict]:
+def run(overrides: list[str]) -> tuple[Trainer, list[dict]]:
     trainer = Trainer(load_config(None, overrides))
     try:
         trainer.run()
     finally:
         trainer.close()
-    return [json.loads(x) for x in (Path(trainer.cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return trainer, [json.loads(x) for x in (Path(trainer.cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -129,10 +129,14 @@ def test_replay_and_cero_resume_exactly_in_a_real_run(tiny_model_path, tmp_path)
               "train.seed=3", "optim.lr=1e-3", "train.save_every=2", "train.threads=1",
               f"reward=[{{name: '{TOY}:long_text'}}]", "algo.replay={name: fresh_anchored, options: {rows: 3}}",
               "algo.correction={level: token, cap: 2.0}", "data.sampler={name: cero, options: {threshold: 0.2}}"]
-    straight = run([*common, f"run_dir={tmp_path / 'a'}"])
+    first, straight = run([*common, f"run_dir={tmp_path / 'a'}"])
     run([*common, f"run_dir={tmp_path / 'b'}", "train.stop_after=2"])
-    split = run([*common, f"run_dir={tmp_path / 'b'}", "train.resume=latest"])
+    second, split = run([*common, f"run_dir={tmp_path / 'b'}", "train.resume=latest"])
     assert [m["replay/rows"] for m in straight] == [0.0, 3.0, 3.0, 3.0]
+    # the sampler heard every sample of the 4 steps (2 prompts x 4), the resumed one through its checkpoint
+    for trainer in (first, second):
+        assert float(trainer.sampler.trials.sum()) == 32.0 and trainer.sampler.draws == 4
+    assert torch.equal(first.sampler.successes, second.sampler.successes)
 
     def strip(rows):
         return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}

@@ -81,6 +81,13 @@ def test_dry_run_interleaves_arms_with_the_same_seed(capsys):
     assert all("train.steps=5" in c and c.endswith("rollout.n=4") for c in cmds)
 
 
+def test_a_pass_at_k_claim_evaluates_by_sampling(capsys):
+    assert rp.main(["boundary_curriculum", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert len(cmds) == 4 and all("eval.n=8 eval.temperature=1.0 'eval.k=[1,8]'" in c for c in cmds)
+    assert rp.METHODS["boundary_curriculum"].metric == "eval/pass@8"
+
+
 def test_one_seed_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         rp.main(["cero", "--seeds", "1"])
