@@ -12,6 +12,7 @@ import torch
 from upslope.algos.correction import importance_correction
 from upslope.algos.replay import FreshAnchoredReplay, ReRULEReplay
 from upslope.batch import build_batch
+from upslope.cli import main
 from upslope.config import load_config
 from upslope.errors import ConfigError
 from upslope.train.trainers.rl import Trainer
@@ -108,6 +109,16 @@ def test_replay_config_is_checked():
     assert load_config(None, ["algo.replay={name: rerule}"]).algo.replay.name == "rerule"
     with pytest.raises(ConfigError, match="algo.replay.name: unknown replay 'fresh'"):
         load_config(None, ["algo.replay={name: fresh}"])
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("algo.replay={name: fresh_anchored, options: {tua: 3}}",
+     "algo.replay.options.tua: unknown option for replay 'fresh_anchored' (did you mean 'tau'?)"),
+    ("data.sampler={name: cero, options: {saturation: many}}", "data.sampler.options.saturation: ")])
+def test_bad_plugin_options_fail_before_the_model_loads(override, expected, tmp_path, capsys):
+    assert main(["train", override, f"run_dir={tmp_path / 'run'}", "log.progress=false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("upslope: error: ") and expected in err
 
 
 def run(overrides: list[str]) -> tuple[Trainer, list[dict]]:
