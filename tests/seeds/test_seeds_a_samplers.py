@@ -44,6 +44,14 @@ def test_cero_saturation_moves_budget_to_other_prompts():
     assert s.next(1) == [1]  # 0.2 / 2 = 0.1 < 0.1905
 
 
+def test_cero_gives_a_high_variance_prompt_several_groups():
+    s = CeroSampler(3, seed=0, saturation=4.0, max_groups=2)
+    feed(s, {0: [1, 1, 1, 1, 0, 0, 0, 0], 1: [0] * 8})  # values 25/110, 9/110, 1/6 as above
+    # group 1 -> prompt 0; its value drops to 0.1818 > 1/6, so group 2 -> prompt 0 again; then it is at max_groups
+    assert s.next(3) == [0, 0, 2]
+    assert s.prompt_draws.tolist() == [2, 0, 1]
+
+
 def test_cero_uniform_prior_is_a_seeded_shuffle():
     a, b, c = CeroSampler(50, seed=3), CeroSampler(50, seed=3), CeroSampler(50, seed=4)
     first = a.next(8)

@@ -160,38 +160,46 @@ class BoundaryAwareSampler(OutcomeSampler):
 
 @SAMPLERS.register("cero")
 class CeroSampler(OutcomeSampler):
-    """CERO: a Beta posterior over each prompt's success probability; each step's groups go to
-    the prompts with the highest value of more rollouts, E[p(1-p)] under the posterior, made
-    concave by dividing by 1 + draws_i / saturation (diminishing returns), ties broken by a
-    seeded shuffle. The collect stage samples a fixed rollout.n per prompt, so the budget is
-    allocated at prompt granularity (prompts_per_step x n rollouts a step); the paper's
-    Fenchel-dual budget variables are replaced by this greedy saturating rule.
+    """CERO: a Beta posterior over each prompt's success probability; each step's budget of
+    groups (prompts_per_step groups of rollout.n rollouts) goes, one group at a time, to the prompt
+    with the highest value of more rollouts: E[p(1-p)] under the posterior, made concave by dividing
+    by 1 + groups_so_far / saturation (diminishing returns), ties broken by a seeded shuffle. The
+    collect stage samples a fixed rollout.n per prompt, so a prompt gets more rollouts as more
+    groups (up to max_groups a step, each normalised on its own); the paper's Fenchel-dual budget
+    variables are replaced by this greedy saturating allocation.
 
     threshold: a sample succeeds when its reward is at least this
     prior_alpha: Beta prior successes
     prior_beta: Beta prior failures
-    saturation: draws of one prompt at which its value has halved
+    saturation: groups given to one prompt at which its value has halved
+    max_groups: most groups one prompt gets in a step (1: each step's prompts are distinct)
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0):
+                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0, max_groups: int = 1):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
         self.prior = (prior_alpha, prior_beta)
-        self.saturation = saturation
+        self.saturation, self.max_groups = saturation, max(max_groups, 1)
         self.prompt_draws = torch.zeros(num_prompts)
 
     def value(self) -> torch.Tensor:
-        """Posterior expected Bernoulli variance a*b / ((a+b)(a+b+1)), divided by 1 + draws/saturation."""
+        """Posterior expected Bernoulli variance a*b / ((a+b)(a+b+1)), divided by 1 + groups/saturation."""
         a, b = self.prior[0] + self.successes, self.prior[1] + self.trials - self.successes
         return a * b / ((a + b) * (a + b + 1)) / (1 + self.prompt_draws / self.saturation)
 
     def next(self, count: int) -> list[int]:
         self.draws += 1
         gen = torch.Generator().manual_seed(self.seed * 104729 + self.draws)
-        order = torch.randperm(self.num_prompts, generator=gen)  # seeded tie-break
-        top = order[torch.argsort(self.value()[order], descending=True, stable=True)[:count]]
-        self.prompt_draws[top] += 1
-        return top.tolist()
+        order = torch.randperm(self.num_prompts, generator=gen)  # seeded tie-break: first in order wins
+        taken = torch.zeros(self.num_prompts)
+        out = []
+        for _ in range(min(count, self.num_prompts * self.max_groups)):
+            v = self.value()[order].masked_fill(taken[order] >= self.max_groups, -1.0)
+            pick = int(order[int(torch.argmax(v))])  # argmax returns the first maximum
+            out.append(pick)
+            taken[pick] += 1
+            self.prompt_draws[pick] += 1
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "prompt_draws": self.prompt_draws.clone()}
