@@ -139,7 +139,8 @@ def test_replay_and_cero_resume_exactly_in_a_real_run(tiny_model_path, tmp_path)
               "train.eval_after=false", "train.micro_batch_tokens=512", "train.steps=4", "train.deterministic=true",
               "train.seed=3", "optim.lr=1e-3", "train.save_every=2", "train.threads=1",
               f"reward=[{{name: '{TOY}:long_text'}}]", "algo.replay={name: fresh_anchored, options: {rows: 3}}",
-              "algo.correction={level: token, cap: 2.0}", "data.sampler={name: cero, options: {threshold: 0.2}}"]
+              "algo.correction={level: token, cap: 2.0}",
+              "data.sampler={name: cero, options: {threshold: 0.2, max_groups: 2}}"]
     first, straight = run([*common, f"run_dir={tmp_path / 'a'}"])
     run([*common, f"run_dir={tmp_path / 'b'}", "train.stop_after=2"])
     second, split = run([*common, f"run_dir={tmp_path / 'b'}", "train.resume=latest"])
