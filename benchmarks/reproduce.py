@@ -10,15 +10,19 @@ from each run's metrics.jsonl (its last record holding the key, e.g. the final e
 The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of freedom).
 Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced when
 it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
-docs/results/reproductions.json with its command and the CPU time of its runs.
+docs/results/reproductions.json with its command and the CPU time of its runs. A finished arm
+whose command and commit are unchanged is reused (so one baseline run serves every method's
+row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,32 +151,73 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def git_head() -> str:
+    """The commit the runs are made at (with '+dirty' for uncommitted changes), part of a run's stamp."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    return head.strip() + ("+dirty" if dirty.strip() else "")
+
+
+def run_arm(cmd: list[str], run_dir: Path, metric: str, fresh: bool = False) -> tuple[float, bool]:
+    """(metric, reused): a finished run of the identical command at the same commit in `run_dir` is
+    reused (baselines are shared by every method's row); otherwise the directory is cleared and the
+    arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay)."""
+    stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
+    if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        try:
+            return final_metric(run_dir / "metrics.jsonl", metric), True
+        except (KeyError, OSError):
+            pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"the run in {run_dir} failed: {tail}")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    stamp_file.write_text(json.dumps(stamp))
+    return final_metric(run_dir / "metrics.jsonl", metric), False
+
+
+def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
+    """A method arm's run directory; a baseline's is keyed by recipe, steps and overrides, so rows share it."""
+    if arm == "method":
+        return work / method / arm / f"seed{seed}"
+    key = hashlib.sha1(json.dumps([steps, list(overrides)]).encode()).hexdigest()[:10]
+    return work / "baselines" / f"{recipe}-{key}" / f"seed{seed}"
+
+
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
-              dry_run: bool = False) -> dict[str, Any] | None:
+              dry_run: bool = False, fresh: bool = False) -> dict[str, Any] | None:
     """Run both arms interleaved over `seeds`; the row (None with dry_run, which prints the commands)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
+    overrides = [*claim.overrides, *extra]
     values: dict[str, list[float]] = {arm: [] for arm in arms}
+    reused = 0
     cpu0 = children_cpu_s()
     for seed in seeds:
         for arm, recipe in arms.items():
-            run_dir = work / method / arm / f"seed{seed}"
-            cmd = arm_command(recipe, seed, steps, run_dir, [*claim.overrides, *extra])
+            run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
+            cmd = arm_command(recipe, seed, steps, run_dir, overrides)
             if dry_run:
                 print(shlex.join(cmd))
                 continue
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                raise SystemExit(f"{arm} arm ({recipe}, seed {seed}) failed: {tail}")
-            values[arm].append(final_metric(run_dir / "metrics.jsonl", claim.metric))
-            print(f"{method} {arm} seed {seed}: {claim.metric} = {values[arm][-1]:.4f}", flush=True)
+            value, again = run_arm(cmd, run_dir, claim.metric, fresh)
+            values[arm].append(value)
+            reused += again
+            print(f"{method} {arm} seed {seed}: {claim.metric} = {value:.4f}{' (reused)' if again else ''}",
+                  flush=True)
     if dry_run:
         return None
     command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
                           "--seeds", str(len(seeds)), *[f"--set={x}" for x in extra]])
-    return row_for(method, claim, values, steps=steps, seeds=seeds, command=command,
-                   cpu_s=children_cpu_s() - cpu0)
+    row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
+    row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
+    return row
 
 
 # ---------------------------------------------------------------- the generated page
@@ -219,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60, help="training steps per run")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (0..N-1)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
     ap.add_argument("--work", default="/tmp/upslope-reproduce", help="run directories go here")
     ap.add_argument("--rows", default=str(ROWS), help="JSON file the row is appended to")
@@ -234,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("name a METHOD (or --render)")
     if a.seeds < 2 and not a.dry_run:
         ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
-    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run)
+    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh)
     if row is not None:
         rows_path.parent.mkdir(parents=True, exist_ok=True)
         rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")

@@ -88,6 +88,29 @@ def test_a_pass_at_k_claim_evaluates_by_sampling(capsys):
     assert rp.METHODS["boundary_curriculum"].metric == "eval/pass@8"
 
 
+def test_a_finished_identical_run_is_reused(tmp_path):
+    """run_arm on a real subprocess that writes a run's files: reused while command and commit
+    are unchanged, rerun with fresh or a changed command; a failing run is one line."""
+    run_dir = tmp_path / "arm"
+
+    def cmd(acc: float) -> list[str]:
+        code = (f"import json, pathlib; p = pathlib.Path({str(run_dir)!r}); p.mkdir(parents=True, exist_ok=True); "
+                f"(p / 'metrics.jsonl').write_text(json.dumps({{'step': 2, 'eval/accuracy': {acc}}}) + '\\n'); "
+                f"(p / 'checkpoints').mkdir()")
+        return [sys.executable, "-c", code]
+
+    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy") == (0.25, False)
+    assert not (run_dir / "checkpoints").exists() and (run_dir / "reproduce_stamp.json").exists()
+    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy") == (0.25, True)
+    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy", fresh=True) == (0.25, False)
+    assert rp.run_arm(cmd(0.5), run_dir, "eval/accuracy") == (0.5, False)  # another command
+    with pytest.raises(SystemExit, match=f"the run in {run_dir} failed: .*ZeroDivisionError"):
+        rp.run_arm([sys.executable, "-c", "1 / 0"], run_dir, "eval/accuracy")
+    base = rp.arm_dir(tmp_path, "cero", "baseline", "headroom", 60, ["a=1"], 0)
+    assert base == rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 60, ["a=1"], 0)  # shared by rows
+    assert base != rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 30, ["a=1"], 0)
+
+
 def test_one_seed_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         rp.main(["cero", "--seeds", "1"])
@@ -108,11 +131,16 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
     (row,) = json.loads(rows.read_text())
     assert len(row["arms"]["method"]["values"]) == 2 and len(row["arms"]["baseline"]["values"]) == 2
     assert row["verdict"] in ("reproduced", "not reproduced", "inconclusive") and row["cpu_s"] > 0
-    for arm in ("method", "baseline"):
+    for arm, recipe in (("method", "cero"), ("baseline", "headroom")):
         for s in (0, 1):
-            recs = [json.loads(x) for x in (tmp_path / "runs" / "cero" / arm / f"seed{s}" / "metrics.jsonl")
-                    .read_text().splitlines()]
+            run_dir = rp.arm_dir(tmp_path / "runs", "cero", arm, recipe, 2, tiny, s)
+            recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
+            assert not (run_dir / "checkpoints").exists()  # deleted once the metric is read
+    assert row["reused_runs"] == 0
+    assert rp.main(args) == 0  # the same command again: every finished arm is reused, none runs
+    again = json.loads(rows.read_text())[-1]
+    assert again["reused_runs"] == 4 and again["arms"] == row["arms"] and again["cpu_s"] < 5
     assert rp.main(["--render", "--rows", str(rows), "--doc", str(doc)]) == 0
     assert "| cero |" in doc.read_text()
 
