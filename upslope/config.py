@@ -132,6 +132,8 @@ class AlgoConfig(Section):
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling", registry="filter")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine",
                                   registry="reward_combiner")
+    replay: Plugin | None = opt(None, "rollout replay between advantage and update (registry: replay), e.g. "
+                                      "fresh_anchored or rerule; None: off", registry="replay")
 
 
 class CriticConfig(Section):
@@ -480,6 +482,8 @@ def check_plugin_names(section: BaseModel, source: str = "config", prefix: str =
             continue
         items = value if isinstance(value, list) else [value]
         for i, item in enumerate(items):
+            if item is None:  # an optional plugin left off
+                continue
             name = item.name if isinstance(item, Plugin) else item
             where = f"{prefix}{key}" + (f"[{i}]" if isinstance(value, list) else "")
             where += ".name" if isinstance(item, Plugin) else ""

@@ -204,7 +204,11 @@ def read_chat_template(value: str) -> str:
     p = Path(value).expanduser()
     looks_like_path = "{" not in value and ("/" in value or p.suffix in (".jinja", ".j2", ".txt", ".tmpl"))
     source = f"model.chat_template={value}"
-    if p.exists() or looks_like_path:
+    try:
+        exists = p.exists()
+    except OSError:  # inline template text longer than a file name may be
+        exists = False
+    if exists or looks_like_path:
         try:
             text = read_text_file(p, "chat template file (model.chat_template)")
         except UpslopeError as exc:

@@ -55,6 +55,160 @@ class UniformSampler:
         self._order = self._make_order()
 
 
+
+class OutcomeSampler(UniformSampler):
+    """Base of the feedback samplers: per-prompt success/trial counts from `update` (a sample
+    succeeds when its reward >= `threshold`), a seeded pick from a candidate pool, and the
+    uniform order for whatever the pool does not fill. Subclasses define `pool_share()` and
+    `pool()`; state (counts, draws, uniform position) round-trips through checkpoints."""
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5):
+        super().__init__(num_prompts, seed, shuffle)
+        self.threshold = threshold
+        self.successes = torch.zeros(num_prompts)
+        self.trials = torch.zeros(num_prompts)
+        self.draws = 0  # calls to next(): the pacing clock and the pool pick's seed
+
+    def update(self, indices: list[int], rewards: torch.Tensor, group_ids: torch.Tensor) -> None:
+        """Add each group's successes and samples to its prompt's counts (group id g is prompt indices[g])."""
+        prompts = torch.tensor(indices, dtype=torch.long)[group_ids.long()]
+        self.successes.index_add_(0, prompts, (rewards >= self.threshold).float())
+        self.trials.index_add_(0, prompts, torch.ones_like(rewards, dtype=torch.float32))
+
+    def pass_rate(self) -> torch.Tensor:
+        """Observed success rate per prompt (NaN where never sampled)."""
+        return self.successes / self.trials.where(self.trials > 0, torch.tensor(float("nan")))
+
+    def pool_share(self) -> float:
+        return 0.0
+
+    def pool(self) -> torch.Tensor:
+        return torch.zeros(self.num_prompts, dtype=torch.bool)
+
+    def next(self, count: int) -> list[int]:
+        """`pool_share()` of the batch from the pool (seeded random pick), the rest in uniform order."""
+        self.draws += 1
+        candidates = torch.nonzero(self.pool()).flatten()
+        gen = torch.Generator().manual_seed(self.seed * 104729 + self.draws)
+        take = min(int(round(self.pool_share() * count)), len(candidates))
+        chosen = candidates[torch.randperm(len(candidates), generator=gen)[:take]].tolist()
+        rest: list[int] = []
+        for _ in range(3):  # the uniform order may repeat a pool prompt: skip it, draw again
+            rest += [i for i in super().next(count - take - len(rest)) if i not in chosen]
+            if len(rest) >= count - take:
+                break
+        rest += super().next(count - take - len(rest)) if len(rest) < count - take else []
+        return chosen + rest[:count - take]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "successes": self.successes.clone(), "trials": self.trials.clone(),
+                "draws": self.draws}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.successes, self.trials, self.draws = state["successes"].clone(), state["trials"].clone(), state["draws"]
+
+
+@SAMPLERS.register("boundary")
+class BoundarySampler(OutcomeSampler):
+    """ADS-style boundary curriculum (Adaptive Data Scheduling): prefer prompts whose observed
+    pass rate is neither 0 nor 1, with a paced share of each batch (0 -> max_share over pace_steps).
+    ADS also paces semantic clusters; prompts carry no cluster here, so that level is left out.
+
+    threshold: a sample succeeds when its reward is at least this
+    max_share: largest fraction of a batch drawn from the boundary prompts
+    pace_steps: steps over which the boundary share rises linearly from 0 to max_share
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
+                 max_share: float = 0.5, pace_steps: int = 10):
+        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.max_share, self.pace_steps = max_share, max(pace_steps, 1)
+
+    def pool_share(self) -> float:
+        return self.max_share * min(1.0, (self.draws - 1) / self.pace_steps)
+
+    def pool(self) -> torch.Tensor:
+        return (self.successes > 0) & (self.successes < self.trials)
+
+
+@SAMPLERS.register("boundary_aware")
+class BoundaryAwareSampler(OutcomeSampler):
+    """Boundary-aware curriculum: first locate the capability boundary (uniform draws for
+    locate_steps, each group's pass@n recorded), then consolidate: draw `share` of each batch
+    from prompts solved at least once (pass@n > 0) but below `consolidate_below` pass rate.
+    The paper's teacher guidance on prompts beyond the boundary is not part of this sampler.
+
+    threshold: a sample succeeds when its reward is at least this
+    locate_steps: steps of uniform draws that locate the boundary before consolidating
+    consolidate_below: prompts with a pass rate below this (and above 0) are consolidated
+    share: fraction of each consolidation batch drawn from those prompts
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
+                 locate_steps: int = 5, consolidate_below: float = 0.75, share: float = 0.75):
+        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.locate_steps, self.below, self.share = locate_steps, consolidate_below, share
+
+    def pool_share(self) -> float:
+        return self.share if self.draws > self.locate_steps else 0.0
+
+    def pool(self) -> torch.Tensor:
+        rate = self.pass_rate().nan_to_num(0.0)
+        return (self.successes > 0) & (rate < self.below)
+
+
+@SAMPLERS.register("cero")
+class CeroSampler(OutcomeSampler):
+    """CERO: a Beta posterior over each prompt's success probability; each step's budget of
+    groups (prompts_per_step groups of rollout.n rollouts) goes, one group at a time, to the prompt
+    with the highest value of more rollouts: E[p(1-p)] under the posterior, made concave by dividing
+    by 1 + groups_so_far / saturation (diminishing returns), ties broken by a seeded shuffle. The
+    collect stage samples a fixed rollout.n per prompt, so a prompt gets more rollouts as more
+    groups (up to max_groups a step, each normalised on its own); the paper's Fenchel-dual budget
+    variables are replaced by this greedy saturating allocation.
+
+    threshold: a sample succeeds when its reward is at least this
+    prior_alpha: Beta prior successes
+    prior_beta: Beta prior failures
+    saturation: groups given to one prompt at which its value has halved
+    max_groups: most groups one prompt gets in a step (1: each step's prompts are distinct)
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
+                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0, max_groups: int = 1):
+        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.prior = (prior_alpha, prior_beta)
+        self.saturation, self.max_groups = saturation, max(max_groups, 1)
+        self.prompt_draws = torch.zeros(num_prompts)
+
+    def value(self) -> torch.Tensor:
+        """Posterior expected Bernoulli variance a*b / ((a+b)(a+b+1)), divided by 1 + groups/saturation."""
+        a, b = self.prior[0] + self.successes, self.prior[1] + self.trials - self.successes
+        return a * b / ((a + b) * (a + b + 1)) / (1 + self.prompt_draws / self.saturation)
+
+    def next(self, count: int) -> list[int]:
+        self.draws += 1
+        gen = torch.Generator().manual_seed(self.seed * 104729 + self.draws)
+        order = torch.randperm(self.num_prompts, generator=gen)  # seeded tie-break: first in order wins
+        taken = torch.zeros(self.num_prompts)
+        out = []
+        for _ in range(min(count, self.num_prompts * self.max_groups)):
+            v = self.value()[order].masked_fill(taken[order] >= self.max_groups, -1.0)
+            pick = int(order[int(torch.argmax(v))])  # argmax returns the first maximum
+            out.append(pick)
+            taken[pick] += 1
+            self.prompt_draws[pick] += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "prompt_draws": self.prompt_draws.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.prompt_draws = state["prompt_draws"].clone()
+
+
 def make_sampler(data: DataConfig, num_prompts: int, seed: int) -> Any:
     """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked)."""
     build = SAMPLERS.bind(data.sampler.name, data.sampler.options, where="data.sampler.options")

@@ -9,7 +9,7 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS
+from upslope.registry import ADVANTAGES, FILTERS, REPLAY, SAMPLERS
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.loop import BaseTrainer, seed_step
@@ -19,6 +19,9 @@ def check_config(cfg: Config) -> None:
     if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
+    if cfg.algo.replay is not None:  # its options fail here, before any model loads
+        REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
+    SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
     if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
         raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
                           f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
@@ -43,18 +46,27 @@ class Trainer(BaseTrainer):
             from upslope.train.methods.critic import Critic
 
             self.critic = Critic.from_config(cfg, self.runtime.model_path, self.device)
+        replay = cfg.algo.replay
+        self.replay = REPLAY.bind(replay.name, replay.options, where="algo.replay.options")() if replay else None
 
     def setup_objective(self) -> None:
         self.objective = RLObjective.from_config(self.cfg, self.updater)
 
     def extra_state(self) -> dict[str, Any]:
-        return {"critic": self.critic.state()} if self.critic is not None else {}
+        state: dict[str, Any] = {"critic": self.critic.state()} if self.critic is not None else {}
+        if self.replay is not None:
+            state["replay"] = self.replay.state_dict()
+        return state
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.critic is not None:
             if "critic" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
             self.critic.load(state["critic"])
+        if self.replay is not None:
+            if "replay" not in state:
+                raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
+            self.replay.load_state_dict(state["replay"])
 
     # ------------------------------------------------------------------ stages wired
 
@@ -64,15 +76,17 @@ class Trainer(BaseTrainer):
         r = self.cfg.rollout
         got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
                            keep=lambda b: stages.apply_filters(b, self.filters))
+        if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
+            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
         metrics = got.metrics
         metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
         if self.filters:
             metrics["filter/groups_dropped"] = float(got.dropped)
         return got.batch, metrics
 
-    def prepare(self, batch: Batch, metrics: dict[str, Any]) -> Batch:
+    def prepare(self, batch: Batch, metrics: dict[str, Any], step: int = 0) -> Batch:
         """Between reward and update: overlong masking, reference log-probs (and KL folded
-        into the reward), critic values and returns, advantages."""
+        into the reward), critic values and returns, advantages, then replayed rows (algo.replay)."""
         algo = self.cfg.algo
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
@@ -83,6 +97,9 @@ class Trainer(BaseTrainer):
             batch = stages.values_and_returns(batch, self.critic.values(batch))
         batch = stages.advantage(batch, self.advantage_fn)
         metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
+        if self.replay is not None:
+            batch, replayed = self.replay.mix(batch, step, self.runtime.tokenizer.pad_token_id)
+            metrics.update(replayed)
         return batch
 
     def step(self, step: int) -> dict[str, Any]:
@@ -92,7 +109,7 @@ class Trainer(BaseTrainer):
             metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
             return metrics
         with self.clock("learner"):
-            batch = self.prepare(batch, metrics)
+            batch = self.prepare(batch, metrics, step)
             metrics.update(self.updater.update(batch, step, self.objective))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))

@@ -1,0 +1,292 @@
+"""Miniature reproduction of a seed method's claimed direction: its recipe against its stated
+baseline on the same task, several seeds each, with a 95% interval on the difference.
+
+    python benchmarks/reproduce.py METHOD [--steps 60] [--seeds 3] [--dry-run] [--set key=value ...]
+    python benchmarks/reproduce.py --render          # regenerate docs/reproductions.md from the JSON rows
+
+Arms are interleaved (seed 0: method, baseline; seed 1: ...) and an arm's seed S runs with
+`train.seed=S engine.seed=S`, so both arms see the same prompts per seed. The metric is read
+from each run's metrics.jsonl (its last record holding the key, e.g. the final eval/accuracy).
+The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of freedom).
+Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced when
+it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
+docs/results/reproductions.json with its command and the CPU time of its runs. A finished arm
+whose command and commit are unchanged is reused (so one baseline run serves every method's
+row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "docs" / "results" / "reproductions.json"
+NOTES = ROOT / "docs" / "results" / "reproductions_notes.md"
+DOC = ROOT / "docs" / "reproductions.md"
+RUN_FLAGS = ("log.progress=false", "log.tensorboard=false", "log.plot=false", "train.eval_every=0",
+             "train.eval_before=false")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction,
+    and overrides both arms run with (e.g. sampled evaluation for a pass@k metric)."""
+
+    recipe: str
+    baseline: str
+    metric: str
+    direction: str  # "higher" or "lower"
+    paper: str
+    overrides: tuple[str, ...] = ()
+
+
+PASS_AT_8 = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
+METHODS: dict[str, Claim] = {
+    "cero": Claim("cero", "headroom", "eval/accuracy", "higher",
+                  "Cross-Epoch Adaptive Rollout Optimization for RL Post-Training (CERO)"),
+    "ads": Claim("ads", "headroom", "eval/accuracy", "higher",
+                 "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM RL (ADS)"),
+    "boundary_curriculum": Claim("boundary_curriculum", "headroom", "eval/pass@8", "higher",
+                                 "Curriculum RL Can Incentivize Reasoning Capacity in LLMs Beyond the Base Model",
+                                 PASS_AT_8),
+    "replay": Claim("replay", "headroom", "eval/accuracy", "higher",
+                    "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
+    "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
+                    "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
+}
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile (p > 0.5) of Student's t with `df` degrees of freedom, by bisection on its
+    CDF (Simpson's rule on the density: the standard library has no t distribution)."""
+    def cdf(x: float) -> float:
+        c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+        n = 2000
+        h = x / n
+        dens = [math.exp(c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(n + 1)]
+        return 0.5 + h / 3 * (dens[0] + dens[-1] + 4 * sum(dens[1:-1:2]) + 2 * sum(dens[2:-1:2]))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), low, high): Welch's t interval on the difference of means (each arm >= 2 values)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("each arm needs at least 2 seeds for an interval")
+    diff = statistics.mean(a) - statistics.mean(b)
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, diff, diff
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(0.5 + level / 2, df) * se
+    return diff, diff - half, diff + half
+
+
+def verdict(low: float, high: float, direction: str) -> str:
+    """reproduced / not reproduced / inconclusive: the interval excludes 0 in the claimed
+    direction / in the opposite direction / contains 0."""
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"direction must be 'higher' or 'lower', not {direction!r}")
+    above, below = low > 0, high < 0
+    if not (above or below):
+        return "inconclusive"
+    return "reproduced" if above == (direction == "higher") else "not reproduced"
+
+
+def row_for(method: str, claim: Claim, values: dict[str, list[float]], *, steps: int, seeds: list[int],
+            command: str, cpu_s: float) -> dict[str, Any]:
+    """The reproduction row of one method from its per-seed metric values ({"method": [...], "baseline": [...]})."""
+    diff, low, high = welch_interval(values["method"], values["baseline"])
+    arms = {arm: {"values": v, "mean": statistics.mean(v), "sd": statistics.stdev(v)} for arm, v in values.items()}
+    return {"method": method, "recipe": claim.recipe, "baseline": claim.baseline, "metric": claim.metric,
+            "direction": claim.direction, "paper": claim.paper, "steps": steps, "seeds": seeds, "arms": arms,
+            "diff": diff, "ci95": [low, high], "interval": "Welch t, 95%",
+            "verdict": verdict(low, high, claim.direction), "command": command, "cpu_s": round(cpu_s, 1),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+# ---------------------------------------------------------------- runs
+
+
+def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str]) -> list[str]:
+    """`upslope train` of one arm at one seed (the same prompts per seed in both arms)."""
+    return [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
+            f"train.seed={seed}", f"engine.seed={seed}", f"train.steps={steps}", f"run_dir={run_dir}",
+            *RUN_FLAGS, *extra]
+
+
+def final_metric(metrics_file: Path, key: str) -> float:
+    """The value of `key` in the last record of a run's metrics.jsonl that holds it."""
+    rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()]
+    found = [r[key] for r in rows if key in r]
+    if not found:
+        raise KeyError(f"{metrics_file}: no record holds '{key}'")
+    return float(found[-1])
+
+
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def git_head() -> str:
+    """The commit the runs are made at (with '+dirty' for uncommitted changes), part of a run's stamp."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    return head.strip() + ("+dirty" if dirty.strip() else "")
+
+
+def run_arm(cmd: list[str], run_dir: Path, metric: str, fresh: bool = False) -> tuple[float, bool]:
+    """(metric, reused): a finished run of the identical command at the same commit in `run_dir` is
+    reused (baselines are shared by every method's row); otherwise the directory is cleared and the
+    arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay)."""
+    stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
+    if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        try:
+            return final_metric(run_dir / "metrics.jsonl", metric), True
+        except (KeyError, OSError):
+            pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"the run in {run_dir} failed: {tail}")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    stamp_file.write_text(json.dumps(stamp))
+    return final_metric(run_dir / "metrics.jsonl", metric), False
+
+
+def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
+    """A method arm's run directory; a baseline's is keyed by recipe, steps and overrides, so rows share it."""
+    if arm == "method":
+        return work / method / arm / f"seed{seed}"
+    key = hashlib.sha1(json.dumps([steps, list(overrides)]).encode()).hexdigest()[:10]
+    return work / "baselines" / f"{recipe}-{key}" / f"seed{seed}"
+
+
+def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
+              dry_run: bool = False, fresh: bool = False) -> dict[str, Any] | None:
+    """Run both arms interleaved over `seeds`; the row (None with dry_run, which prints the commands)."""
+    claim = METHODS[method]
+    arms = {"method": claim.recipe, "baseline": claim.baseline}
+    overrides = [*claim.overrides, *extra]
+    values: dict[str, list[float]] = {arm: [] for arm in arms}
+    reused = 0
+    cpu0 = children_cpu_s()
+    for seed in seeds:
+        for arm, recipe in arms.items():
+            run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
+            cmd = arm_command(recipe, seed, steps, run_dir, overrides)
+            if dry_run:
+                print(shlex.join(cmd))
+                continue
+            value, again = run_arm(cmd, run_dir, claim.metric, fresh)
+            values[arm].append(value)
+            reused += again
+            print(f"{method} {arm} seed {seed}: {claim.metric} = {value:.4f}{' (reused)' if again else ''}",
+                  flush=True)
+    if dry_run:
+        return None
+    command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
+                          "--seeds", str(len(seeds)), *[f"--set={x}" for x in extra]])
+    row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
+    row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
+    return row
+
+
+# ---------------------------------------------------------------- the generated page
+
+
+def render(rows: list[dict[str, Any]], notes: str = "") -> str:
+    """docs/reproductions.md from the rows (the latest row per method), the notes and the total CPU time."""
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        latest[r["method"]] = r
+    out = ["# Reproductions", "",
+           "Generated by `python benchmarks/reproduce.py --render` from docs/results/reproductions.json; do not "
+           "edit by hand. Each row: the method's recipe against its baseline on the same task, seeds interleaved, "
+           "metric mean ± sd per arm, the difference (method − baseline) with a 95% Welch t interval, and the "
+           "verdict (reproduced / not reproduced / inconclusive: the interval excludes 0 in the claimed "
+           "direction / the opposite one / contains 0). Refuted and inconclusive rows are results too.", ""]
+    if notes.strip():
+        out += [notes.strip(), ""]
+    out += ["## Rows", ""]
+    if not latest:
+        out += ["No reproduction has run yet: `python benchmarks/reproduce.py METHOD` writes the first row.", ""]
+    else:
+        out += ["| method | paper | metric (claimed) | method arm | baseline arm | difference [95% CI] | verdict "
+                "| steps x seeds | CPU | command |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in latest.values():
+            m, b = r["arms"]["method"], r["arms"]["baseline"]
+            lo, hi = r["ci95"]
+            out.append(f"| {r['method']} | {r['paper']} | {r['metric']} ({r['direction']}) | {m['mean']:.3f} ± "
+                       f"{m['sd']:.3f} | {b['mean']:.3f} ± {b['sd']:.3f} ({r['baseline']}) | {r['diff']:+.3f} "
+                       f"[{lo:+.3f}, {hi:+.3f}] | {r['verdict']} | {r['steps']} x {len(r['seeds'])} | "
+                       f"{r['cpu_s'] / 3600:.2f} h | `{r['command']}` |")
+        total = sum(r["cpu_s"] for r in latest.values())
+        out += ["", f"Total CPU time of these rows: {total / 3600:.2f} h ({total:.0f} s, user + system of the runs)."]
+    return "\n".join(out) + "\n"
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("method", nargs="?", choices=sorted(METHODS), help="the method to reproduce")
+    ap.add_argument("--steps", type=int, default=60, help="training steps per run")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (0..N-1)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
+    ap.add_argument("--work", default="/tmp/upslope-reproduce", help="run directories go here")
+    ap.add_argument("--rows", default=str(ROWS), help="JSON file the row is appended to")
+    ap.add_argument("--doc", default=str(DOC), help="the page --render writes")
+    ap.add_argument("--render", action="store_true", help="write --doc from --rows (and the notes), run nothing")
+    a = ap.parse_args(argv)
+    rows_path = Path(a.rows)
+    if a.render:
+        Path(a.doc).write_text(render(load_rows(rows_path), NOTES.read_text() if NOTES.exists() else ""))
+        print(f"wrote {a.doc}")
+        return 0
+    if a.method is None:
+        ap.error("name a METHOD (or --render)")
+    if a.seeds < 2 and not a.dry_run:
+        ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
+    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh)
+    if row is not None:
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Feedback samplers of issue 20 (CERO, ADS-style boundary, boundary-aware), by hand-computed cases."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from upslope.config import DataConfig, Plugin
+from upslope.data.samplers import BoundaryAwareSampler, BoundarySampler, CeroSampler, make_sampler
+from upslope.errors import ConfigError
+
+
+def feed(sampler, outcomes: dict[int, list[float]]) -> None:
+    """Report one group per prompt: prompt -> its samples' rewards."""
+    indices = list(outcomes)
+    rewards = torch.tensor([r for p in indices for r in outcomes[p]])
+    gids = torch.tensor([g for g, p in enumerate(indices) for _ in outcomes[p]])
+    sampler.update(indices, rewards, gids)
+
+
+def test_counts_follow_groups_to_their_prompts():
+    s = BoundarySampler(5, seed=0)
+    feed(s, {3: [1.0, 0.0, 1.0, 0.2], 1: [0.0, 0.0]})
+    feed(s, {3: [0.5, 0.0]})
+    assert s.successes.tolist() == [0, 0, 0, 3, 0] and s.trials.tolist() == [0, 2, 0, 6, 0]
+    rate = s.pass_rate()
+    assert rate[3] == pytest.approx(0.5) and rate[1] == 0 and torch.isnan(rate[0])
+
+
+def test_cero_posterior_value_by_hand():
+    s = CeroSampler(3, seed=0, prior_alpha=1.0, prior_beta=1.0, saturation=4.0)
+    feed(s, {0: [1, 1, 1, 1, 0, 0, 0, 0], 1: [0] * 8})
+    # prompt 0: Beta(5, 5) -> 25 / (10 * 11); prompt 1: Beta(1, 9) -> 9 / 110; prompt 2: Beta(1, 1) -> 1 / 6
+    assert s.value().tolist() == pytest.approx([25 / 110, 9 / 110, 1 / 6])
+    assert s.next(2) == [0, 2]  # highest posterior variance first
+    # each was drawn once: value / (1 + 1/4)
+    assert s.value().tolist() == pytest.approx([25 / 110 / 1.25, 9 / 110, 1 / 6 / 1.25])
+    assert s.next(1) == [0]  # 0.1818 > 0.1333 > 0.0818
+
+
+def test_cero_saturation_moves_budget_to_other_prompts():
+    s = CeroSampler(2, seed=1, saturation=1.0)
+    feed(s, {0: [1, 0], 1: [1, 1, 1, 0]})  # Beta(2,2): 0.2; Beta(4,2): 8/42 = 0.1905
+    assert s.next(1) == [0]
+    assert s.next(1) == [1]  # 0.2 / 2 = 0.1 < 0.1905
+
+
+def test_cero_gives_a_high_variance_prompt_several_groups():
+    s = CeroSampler(3, seed=0, saturation=4.0, max_groups=2)
+    feed(s, {0: [1, 1, 1, 1, 0, 0, 0, 0], 1: [0] * 8})  # values 25/110, 9/110, 1/6 as above
+    # group 1 -> prompt 0; its value drops to 0.1818 > 1/6, so group 2 -> prompt 0 again; then it is at max_groups
+    assert s.next(3) == [0, 0, 2]
+    assert s.prompt_draws.tolist() == [2, 0, 1]
+
+
+def test_cero_uniform_prior_is_a_seeded_shuffle():
+    a, b, c = CeroSampler(50, seed=3), CeroSampler(50, seed=3), CeroSampler(50, seed=4)
+    first = a.next(8)
+    assert first == b.next(8) and first != c.next(8) and len(set(first)) == 8
+
+
+def test_boundary_pool_and_pacing():
+    s = BoundarySampler(20, seed=0, max_share=0.5, pace_steps=2)
+    feed(s, {4: [1, 0], 5: [1, 1], 6: [0, 0], 7: [0, 1]})  # boundary: 4 and 7 (5 solved, 6 unsolved)
+    assert torch.nonzero(s.pool()).flatten().tolist() == [4, 7]
+    first = s.next(4)  # draw 1: share 0 -> the uniform order only
+    assert s.pool_share() == 0.0 and first == BoundarySampler(20, seed=0).next(4)
+    second = s.next(4)  # draw 2: share 0.5 * 1/2 -> one boundary prompt, then uniform ones without repeats
+    assert s.pool_share() == pytest.approx(0.25)
+    assert second[0] in (4, 7) and len(set(second)) == 4
+    s.next(4)
+    assert s.pool_share() == pytest.approx(0.5)  # fully paced from draw 3
+    assert len(first) == 4
+
+
+def test_boundary_aware_locates_then_consolidates():
+    s = BoundaryAwareSampler(30, seed=0, locate_steps=1, consolidate_below=0.75, share=0.5)
+    u = BoundaryAwareSampler(30, seed=0, locate_steps=1)
+    assert s.next(4) == u.next(4)  # locate phase: the uniform order
+    feed(s, {2: [1, 0, 0, 0], 3: [1, 1, 1, 1], 9: [0, 0, 0, 0], 11: [1, 1, 0, 1]})
+    # pass@4 > 0 and rate < 0.75: prompt 2 (0.25); 3 is solved, 9 is beyond the boundary, 11 is at 0.75
+    assert torch.nonzero(s.pool()).flatten().tolist() == [2]
+    out = s.next(4)
+    assert out[0] == 2 and len(out) == 4 and 2 not in out[1:]
+
+
+@pytest.mark.parametrize("cls", [BoundarySampler, BoundaryAwareSampler, CeroSampler])
+def test_state_round_trip_resumes_the_same_draws(cls):
+    a = cls(40, seed=5)
+    for _ in range(3):
+        idx = a.next(4)
+        feed(a, {i: [float(i % 3 == 0), float(i % 2 == 0)] for i in idx})
+    b = cls(40, seed=5)
+    b.load_state_dict(a.state_dict())
+    for _ in range(4):
+        x, y = a.next(4), b.next(4)
+        assert x == y
+        feed(a, {i: [1.0, 0.0] for i in x})
+        feed(b, {i: [1.0, 0.0] for i in y})
+
+
+def test_make_sampler_checks_options():
+    data = DataConfig(sampler=Plugin(name="cero", options={"saturation": 2.0}))
+    assert make_sampler(data, 10, 0).saturation == 2.0
+    with pytest.raises(ConfigError, match="data.sampler.options.budget: unknown option"):
+        make_sampler(DataConfig(sampler=Plugin(name="cero", options={"budget": 3})), 10, 0)
