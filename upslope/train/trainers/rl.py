@@ -48,13 +48,18 @@ class Trainer(BaseTrainer):
         self.objective = RLObjective.from_config(self.cfg, self.updater)
 
     def extra_state(self) -> dict[str, Any]:
-        return {"critic": self.critic.state()} if self.critic is not None else {}
+        state: dict[str, Any] = {"objective": self.objective.state()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state()
+        return state
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.critic is not None:
             if "critic" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
             self.critic.load(state["critic"])
+        if "objective" in state:  # checkpoints written before the objective kept state have none
+            self.objective.load_state(state["objective"])
 
     # ------------------------------------------------------------------ stages wired
 
@@ -93,10 +98,13 @@ class Trainer(BaseTrainer):
             return metrics
         with self.clock("learner"):
             batch = self.prepare(batch, metrics)
+            saved = self.objective.candidate(self.updater)
             metrics.update(self.updater.update(batch, step, self.objective))
+            metrics.update(self.objective.accept(batch, self.updater, saved))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))
-            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size))
+            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size,
+                                                       metrics.get("dcmdp/discrepancy")))
         with self.clock("sync"):
             self.sync_weights()
         return metrics
