@@ -115,7 +115,7 @@ class CorrectionConfig(Section):
 
 
 class DiscrepancyConfig(Section):
-    """DCMDP: a Lagrange multiplier on the train/inference discrepancy (k3 against the sampler), moved by dual ascent."""
+    """DCMDP: a Lagrange multiplier on the train/inference discrepancy (k3 vs the sampler), moved by dual ascent."""
 
     init: float = opt(0.0, "the multiplier lambda at step 0", ge=0)
     lr: float = opt(1.0, "dual ascent step: lambda += lr * (discrepancy - tolerance) after each step", gt=0)
@@ -143,8 +143,10 @@ class AlgoConfig(Section):
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
-    discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference discrepancy; None: off")
-    accept: AcceptConfig | None = opt(None, "MIPU: veto an update whose sampler-side proxy does not improve; None: off")
+    discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "
+                                                "discrepancy; None: off")
+    accept: AcceptConfig | None = opt(None, "MIPU: veto an update whose sampler-side proxy does not improve; "
+                                      "None: off")
     mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling", registry="filter")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine",

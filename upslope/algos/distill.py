@@ -150,7 +150,8 @@ def distill_metrics(x: DistillInputs) -> dict[str, Tensor]:
 
 
 @DISTILL_LOSSES.register("arkd")
-def arkd(x: DistillInputs, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy", floor: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+def arkd(x: DistillInputs, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy",
+         floor: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
     """ARKD-style adaptive mix: w_t * KL(p_t|S || p_s) + (1 - w_t) * KL(p_s|S || p_t|S), with a per-token weight w_t.
 
     signal: what sets the forward-KL weight: "teacher_entropy" (H(p_t|S) / log k) or "gap" (FKL / (FKL + RKL))

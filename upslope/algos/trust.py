@@ -29,7 +29,8 @@ class DualController:
 
     def __init__(self, init: float, lr: float, tolerance: float):
         if init < 0 or lr <= 0 or tolerance < 0:
-            raise ConfigError(f"algo.discrepancy needs init >= 0, lr > 0, tolerance >= 0 (got {init}, {lr}, {tolerance})")
+            raise ConfigError(f"algo.discrepancy needs init >= 0, lr > 0, tolerance >= 0 "
+                              f"(got {init}, {lr}, {tolerance})")
         self.value, self.lr, self.tolerance = float(init), float(lr), float(tolerance)
 
     def update(self, observed: float) -> float:

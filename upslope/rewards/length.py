@@ -32,7 +32,7 @@ def overlong_penalty(completion: str, answer: Any, meta: dict, *, max_length: in
 def suco_length(completions: list[str], answers: list[Any], metas: list[dict], *, verifier_name: str = "integer",
                 verifier_options: dict[str, Any] | None = None, slack: float = 1.0, over_coef: float = 1.0,
                 under_coef: float = 1.0) -> list[float]:
-    """SuCo-style sufficiency reward: penalise a right reply longer than its group's sufficient length, and a wrong one shorter.
+    """SuCo-style sufficiency reward: penalise right replies over their group's sufficient length, wrong ones under it.
 
     verifier_name: registered reward deciding correctness (0/1) of each reply
     verifier_options: options of that reward (e.g. {extract: first})
