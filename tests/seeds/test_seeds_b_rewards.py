@@ -184,3 +184,12 @@ def test_arkd_weights_forward_and_reverse_kl_by_hand():
     assert loss.item() == pytest.approx(w * fkl + (1 - w) * rkl)
     with pytest.raises(ConfigError, match="floor"):
         arkd(x, floor=0.7)
+
+
+def test_a_bad_verifier_is_one_line_naming_the_option():
+    with pytest.raises(ConfigError, match="reward 'brier_confidence' verifier_name: unknown reward 'nope'"):
+        brier("42", verifier_name="nope")
+    with pytest.raises(ConfigError, match="verifier_options.extrct: unknown option for reward 'integer'"):
+        selective("42", 42, {}, verifier_options={"extrct": "first"})
+    with pytest.raises(ConfigError, match="cannot be 'selective' itself"):
+        selective("42", 42, {}, verifier_name="selective")

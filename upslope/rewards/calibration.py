@@ -16,7 +16,8 @@ def verifier(name: str, options: dict[str, Any] | None, who: str) -> Callable[[s
     """The registered reward `name` bound to `options`, used as the 0/1 correctness check of `who`."""
     if name == who:
         raise ConfigError(f"reward '{who}': verifier cannot be '{who}' itself")
-    return REWARDS.bind(name, options, where=f"reward '{who}'.verifier_options")
+    REWARDS.get(name, f"reward '{who}' verifier_name")
+    return REWARDS.bind(name, options, where=f"reward '{who}' verifier_options")
 
 
 def stated_confidence(completion: str, pattern: str) -> tuple[float | None, str]:
