@@ -87,6 +87,21 @@ def test_gd2po_masks_conflicted_rollouts_and_reweights_queries_by_consensus():
     assert keep_all.tolist() == pytest.approx([s0, 0, 0, -s0, s1, -s1], rel=1e-5)  # they cancel to 0 anyway
 
 
+
+@FAST
+@given(st.lists(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1)), min_size=1, max_size=5), min_size=1,
+                max_size=4))
+def test_gd2po_without_masking_or_reweighting_is_gdpo(groups):
+    from upslope.algos.advantages import gdpo
+
+    rows = [r for g in groups for r in g]
+    comps = {"a": [float(a) for a, _ in rows], "b": [float(b) for _, b in rows]}
+    b = batch_of([[0.0] * len(g) for g in groups], comps)
+    assert torch.equal(gd2po(b, threshold=1.0, reweight=False), gdpo(b))
+    masked = per_sample(gd2po(b, threshold=0.0, reweight=False))  # only rollouts whose components agree remain
+    cancel = reward_cancellation({k: v.double() for k, v in b.reward_components.items()}, b.group_ids, None)
+    assert torch.all(masked[cancel > 0] == 0)
+
 def test_cancellation_of_a_partial_disagreement():
     comps = {"x": torch.tensor([1.0, 0.0], dtype=torch.float64), "y": torch.tensor([0.0, 1.0], dtype=torch.float64)}
     # group normalised: x -> [+s, -s], y -> [-s, +s]; weights 1 and 0.5: 1 - |s - s/2| / (s + s/2) = 2/3
