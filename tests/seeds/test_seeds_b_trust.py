@@ -93,6 +93,8 @@ def test_mipu_veto_restores_the_weights_exactly(min_gain, accepted, tiny_model_p
     finally:
         trainer.close()
     assert metrics["mipu/accepted"] == float(accepted) and math.isfinite(metrics["mipu/proxy"])
+    assert metrics["mipu/proxy"] == pytest.approx(metrics["mipu/gain"] - metrics["mipu/gap"])  # gap_coef 1
+    assert metrics["mipu/gap"] >= 0
     same = all(torch.equal(before[n], after[n].detach()) for n in before)
     assert same is not accepted
     if not accepted:  # the optimiser's moments are rolled back with the weights

@@ -46,17 +46,23 @@ class DualController:
         self.value = float(state["value"])
 
 
-def improvement_proxy(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                      gap_coef: float) -> float:
-    """MIPU's inference-side proxy of a candidate: token mean of (pi_new / pi_sampler - 1) * A - gap_coef * D.
-
-    The first term is the surrogate improvement of the candidate measured against the policy
-    that sampled (the deployed one), the second its train/inference gap (k3, as DCMDP). A
-    candidate whose proxy is not above 0 is not expected to improve the deployed policy.
-    """
+def proxy_parts(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> tuple[float, float]:
+    """(gain, gap): token means of (pi_new / pi_sampler - 1) * A and of D = k3(pi_new, pi_sampler) over mask > 0."""
     m = mask > 0
     n = m.sum().clamp(min=1)
     lr = torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)).clamp(-20, 20)
     gain = torch.where(m, torch.expm1(lr) * advantages, torch.zeros_like(lr)).sum() / n
     gap = torch.where(m, discrepancy(logprobs, sampler_logprobs), torch.zeros_like(lr)).sum() / n
-    return float(gain - gap_coef * gap)
+    return float(gain), float(gap)
+
+
+def improvement_proxy(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                      gap_coef: float) -> float:
+    """MIPU's inference-side proxy of a candidate: gain - gap_coef * gap (`proxy_parts`).
+
+    The gain is the surrogate improvement of the candidate measured against the policy that
+    sampled (the deployed one), the gap its train/inference discrepancy (k3, as DCMDP). A
+    candidate whose proxy is not above 0 is not expected to improve the deployed policy.
+    """
+    gain, gap = proxy_parts(logprobs, sampler_logprobs, advantages, mask)
+    return gain - gap_coef * gap

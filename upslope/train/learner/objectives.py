@@ -12,7 +12,7 @@ import torch
 from upslope.algos.aggregate import aggregate
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
-from upslope.algos.trust import DualController, discrepancy, improvement_proxy
+from upslope.algos.trust import DualController, discrepancy, proxy_parts
 from upslope.batch import Batch
 from upslope.config import AlgoConfig, TrainConfig
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
@@ -191,7 +191,8 @@ class RLObjective(Objective):
         a = self.algo.accept
         assert batch.advantages is not None
         lp = updater.logprobs(batch, temperature=self.temperature)
-        proxy = improvement_proxy(lp, batch.sampler_logprobs, batch.advantages, batch.loss_mask, a.gap_coef)
+        gain, gap = proxy_parts(lp, batch.sampler_logprobs, batch.advantages, batch.loss_mask)
+        proxy = gain - a.gap_coef * gap
         accepted = proxy > a.min_gain
         if not accepted:
             with torch.no_grad():
@@ -199,7 +200,7 @@ class RLObjective(Objective):
                     if n in saved["weights"]:
                         p.copy_(saved["weights"][n])
             updater.load_state(saved["state"])
-        return {"mipu/proxy": proxy, "mipu/accepted": float(accepted)}
+        return {"mipu/proxy": proxy, "mipu/gain": gain, "mipu/gap": gap, "mipu/accepted": float(accepted)}
 
     # ------------------------------------------------------------------ Objective hooks
 
