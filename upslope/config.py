@@ -114,6 +114,21 @@ class CorrectionConfig(Section):
     mask_high: float | None = opt(None, "mask tokens/sequences whose ratio is above this", gt=0)
 
 
+class DiscrepancyConfig(Section):
+    """DCMDP: a Lagrange multiplier on the train/inference discrepancy (k3 vs the sampler), moved by dual ascent."""
+
+    init: float = opt(0.0, "the multiplier lambda at step 0", ge=0)
+    lr: float = opt(1.0, "dual ascent step: lambda += lr * (discrepancy - tolerance) after each step", gt=0)
+    tolerance: float = opt(1e-3, "discrepancy (k3 per token) the policy may keep for free: the tolerance region", ge=0)
+
+
+class AcceptConfig(Section):
+    """MIPU: keep an update only if the sampler-side proxy says the deployed policy improves."""
+
+    gap_coef: float = opt(1.0, "weight of the train/inference gap (k3 per token) subtracted in the proxy", ge=0)
+    min_gain: float = opt(0.0, "accept a candidate when its proxy exceeds this")
+
+
 class AlgoConfig(Section):
     advantage: Plugin = opt(Plugin(name="grpo"), "advantage estimator (registry: advantage)", registry="advantage")
     policy_loss: Plugin = opt(Plugin(name="ppo_clip"), "per-token policy loss (registry: policy_loss)",
@@ -128,6 +143,10 @@ class AlgoConfig(Section):
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
+    discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "
+                                                "discrepancy; None: off")
+    accept: AcceptConfig | None = opt(None, "MIPU: veto an update whose sampler-side proxy does not improve; "
+                                      "None: off")
     mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling", registry="filter")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine",

@@ -193,3 +193,83 @@ def gdpo(batch: Batch, *, weights: dict[str, float] | None = None, batch_normali
         adv = masked_whiten(adv, ones, eps=eps, unbiased=batch_unbiased, eps_in_sqrt=eps_in_sqrt)
         adv = torch.where(tied, torch.zeros_like(adv), adv)
     return _tokens(adv, batch)
+
+
+def _components(batch: Batch, who: str) -> dict[str, Tensor]:
+    """batch.reward_components in float64; a ConfigError if the batch has none."""
+    if not batch.reward_components:
+        raise ConfigError(f"advantage '{who}' needs batch.reward_components (several named rewards)")
+    return {k: v.to(torch.float64) for k, v in batch.reward_components.items()}
+
+
+def reward_cancellation(comps: dict[str, Tensor], group_ids: Tensor, weights: dict[str, float] | None, *,
+                        eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+    """[N] in [0, 1]: 1 - |sum_k w_k a_k| / sum_k |w_k a_k| over the group-normalised components a_k.
+
+    0 when every component pushes the rollout the same way, 1 when they cancel exactly; 0 for
+    a rollout with no component advantage at all.
+    """
+    w = {k: float((weights or {}).get(k, 1.0)) for k in comps}
+    parts = [w[k] * group_normalize(v, group_ids, eps=eps, unbiased=unbiased).to(torch.float64)
+             for k, v in comps.items()]
+    total, mass = sum(parts).abs(), sum(p.abs() for p in parts)
+    return torch.where(mass > 0, 1 - total / mass.clamp(min=1e-300), torch.zeros_like(mass))
+
+
+@ADVANTAGES.register("gd2po", grouped=True)
+def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: float = 0.5, reweight: bool = True,
+          batch_normalize: bool = True, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+    """GD2PO (Liu et al. 2026): GDPO's advantage with conflicted rollouts masked and queries reweighted by consensus.
+
+    weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
+    threshold: mask a rollout whose component cancellation 1 - |sum w a| / sum |w a| exceeds this (0..1)
+    reweight: scale each query's advantages by its mean consensus (1 - cancellation) over the batch mean
+    batch_normalize: GDPO's batch normalisation of the summed advantage before masking
+    eps: added to each std before dividing (>= 0)
+    unbiased: per-component group std with n - 1 (true) or the population n (false)
+
+    The abstract does not define "severe disagreement" or the query weight; the cancellation
+    measure, its threshold 0.5 (the minority components carry over a third of the majority's
+    magnitude) and the consensus weight (mean 1 over the batch's queries) are our choices.
+    """
+    if not 0 <= threshold <= 1:
+        raise ConfigError(f"gd2po threshold must be in [0, 1] (got {threshold})")
+    comps = _components(batch, "gd2po")
+    adv = gdpo(batch, weights=weights, batch_normalize=batch_normalize, eps=eps, unbiased=unbiased)
+    cancel = reward_cancellation(comps, batch.group_ids, weights, eps=eps, unbiased=unbiased)
+    factor = (cancel <= threshold).to(torch.float64)
+    if reweight:
+        consensus, _, count, _ = group_moments(1 - cancel, batch.group_ids)
+        per_query = (consensus / count).sum()  # each group's mean consensus, summed once per group
+        n_groups = (1 / count).sum()
+        if per_query > 0:
+            factor = factor * consensus / (per_query / n_groups)
+    return adv * factor.to(adv.dtype)[:, None]
+
+
+@ADVANTAGES.register("recal", grouped=True)
+def recal(batch: Batch, *, weights: dict[str, float] | None = None, dataset_key: str = "dataset",
+          eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+    """ReCal (Yu et al. 2026): component-wise group advantages, summed, then scaled to unit std within each dataset.
+
+    weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
+    dataset_key: the example field naming its dataset (samples without it form one dataset)
+    eps: added to each std before dividing, group and dataset (>= 0)
+    unbiased: per-component group std with n - 1 (true) or the population n (false)
+
+    Per-component normalisation is GDPO's; per-dataset normalisation divides by the summed
+    advantage's population std over that dataset's samples in the batch (no re-centring: the
+    group advantages are already centred; a tied group stays 0), so a dataset with large or
+    noisy rewards does not dominate the update. With no reward components the combined reward
+    is the one component. ReCal's variance-aware reweighting is not implemented (its form is
+    not in the abstract); per-dataset scaling is the part kept.
+    """
+    comps = batch.reward_components or {"reward": _rewards(batch, "recal")}
+    adv = group_normalized_sum({k: v.to(torch.float64) for k, v in comps.items()}, batch.group_ids,
+                               weights=weights, eps=eps, unbiased=unbiased).to(torch.float64)
+    labels = [str(m.get(dataset_key, "")) for m in batch.meta] if batch.meta else [""] * adv.numel()
+    index = {name: i for i, name in enumerate(sorted(set(labels)))}
+    dataset_ids = torch.tensor([index[x] for x in labels], dtype=torch.long, device=adv.device)
+    _, var, _, tied = group_moments(adv, dataset_ids, unbiased=False)
+    scaled = torch.where(tied, torch.zeros_like(adv), adv / (var.sqrt() + eps))
+    return _tokens(scaled, batch)

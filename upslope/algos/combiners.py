@@ -49,3 +49,44 @@ def group_normalized_sum(components: dict[str, Tensor], group_ids: Tensor, *,
     total = sum(w[k] * group_normalize(components[k].to(torch.float64), group_ids, eps=eps, unbiased=unbiased,
                                        eps_in_sqrt=eps_in_sqrt, singleton=singleton) for k in components)
     return total.to(dtype)
+
+
+def cv_weights(components: dict[str, Tensor], weights: dict[str, float] | None, eps: float = 1e-6) -> dict[str, float]:
+    """SAW's weight per component: w_k * K * cv_k / sum_j cv_j, cv = batch std / (|batch mean| + eps).
+
+    The weights keep the static weights' total scale (they sum to K times the mean static
+    weight when every w_k is equal); when no component varies (every cv is 0) the static
+    weights are returned unchanged.
+    """
+    w = _weights(components, weights)
+    cv = {}
+    for k, v in components.items():
+        x = v.to(torch.float64)
+        std = x.std(unbiased=False) if x.numel() > 1 else torch.zeros((), dtype=torch.float64)
+        cv[k] = float(std / (x.mean().abs() + eps))
+    total = sum(cv.values())
+    if total <= 0:
+        return w
+    return {k: w[k] * len(cv) * cv[k] / total for k in components}
+
+
+@REWARD_COMBINERS.register("saw")
+def saw(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None,
+        eps: float = 1e-6, group_normalize: bool = False) -> Tensor:
+    """SAW (He et al. 2026): each component reweighted by its batch coefficient of variation, then summed.
+
+    weights: static weight per reward component name (unlisted weigh 1.0), scaled by SAW
+    eps: added to |batch mean| in cv = std / (|mean| + eps) (> 0), so an all-zero component gets cv 0
+    group_normalize: sum the group-normalised components (SAW on GDPO) instead of the raw rewards (SAW on GRPO)
+
+    A well-learned component (uniformly high, low variance) gets a small cv and so a small
+    share; an under-learned, informative one a large share. The batch is this step's whole
+    batch; the weights are recomputed every step (no smoothing across steps: our choice, the
+    abstract names none). Population std (n).
+    """
+    if eps <= 0:
+        raise ConfigError(f"saw eps must be > 0 (got {eps})")
+    w = cv_weights(components, weights, eps)
+    if group_normalize:
+        return group_normalized_sum(components, group_ids, weights=w)
+    return weighted_sum(components, group_ids, weights=w)

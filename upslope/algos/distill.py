@@ -12,6 +12,7 @@ every top-k quantity below is the exact full-vocabulary one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -146,3 +147,36 @@ def distill_metrics(x: DistillInputs) -> dict[str, Tensor]:
         out["distill/rkl_topk"] = masked_mean(topk_reverse_kl(s, t), x.mask)
         out["distill/fkl_topk"] = masked_mean(topk_forward_ce(s, t) - topk_teacher_entropy(t), x.mask)
     return out
+
+
+@DISTILL_LOSSES.register("arkd")
+def arkd(x: DistillInputs, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy",
+         floor: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+    """ARKD-style adaptive mix: w_t * KL(p_t|S || p_s) + (1 - w_t) * KL(p_s|S || p_t|S), with a per-token weight w_t.
+
+    signal: what sets the forward-KL weight: "teacher_entropy" (H(p_t|S) / log k) or "gap" (FKL / (FKL + RKL))
+    floor: the weight is kept in [floor, 1 - floor] so neither divergence is switched off (0..0.5)
+
+    Forward KL covers the teacher's tail, reverse KL fits its main mode (Liu et al. 2026).
+    ARKD learns the weights with an RL policy network rewarded per step; here a fixed rule
+    stands in for it (our choice, no extra network): a flat teacher distribution (high
+    normalised entropy) leans on forward KL, a peaked one on reverse KL; "gap" leans on the
+    divergence that is larger now. The weight is detached; both terms are over the teacher's top-k.
+    """
+    if not 0 <= floor <= 0.5:
+        raise ConfigError(f"distill.loss.options.floor must be in [0, 0.5] (got {floor})")
+    s, t = x.topk("arkd")
+    t = t.detach()
+    fkl = topk_forward_ce(s, t) - topk_teacher_entropy(t)
+    rkl = topk_reverse_kl(s, t)
+    if signal == "teacher_entropy":
+        k = t.shape[-1]
+        w = topk_teacher_entropy(t) / torch.log(torch.tensor(float(max(k, 2))))
+    elif signal == "gap":
+        f, r = fkl.detach().clamp(min=0), rkl.detach().clamp(min=0)
+        w = torch.where(f + r > 0, f / (f + r).clamp(min=1e-12), torch.full_like(f, 0.5))
+    else:
+        raise ConfigError(f"distill.loss.options.signal must be teacher_entropy or gap (got {signal!r})")
+    w = w.detach().clamp(floor, 1 - floor)
+    loss = _zero_off(w * fkl + (1 - w) * rkl, x.mask)
+    return loss, {"distill/arkd_fkl_weight": masked_mean(w, x.mask)}

@@ -130,3 +130,72 @@ def reinforce(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask)).detach()
     loss = -_zero_off(advantages.detach(), mask) * _zero_off(logprobs, mask)
     return _zero_off(loss, mask), {"ratio_mean": _metric(ratio, mask)}
+
+
+def _shift(old_logprobs: Tensor, ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(p_old, p_new - p_old) of the sampled token from the old log-prob and the (clamped) ratio; 0 off mask.
+
+    p_old = exp(min(old, 0)) is a probability (a log-prob above 0 counts as 0), and the shift is
+    p_old * (ratio - 1), so it stays finite wherever the ratio does.
+    """
+    p_old = torch.exp(_zero_off(old_logprobs.detach(), mask).clamp(max=0.0))
+    return p_old, _zero_off(p_old * (ratio - 1), mask)
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta <= 1:
+        raise ConfigError(f"trust-region delta must be in (0, 1] (a probability shift; got {delta})")
+
+
+@POLICY_LOSSES.register("dppo", zero_at_zero_advantage=True)
+def dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: float = 0.2,
+         direction: Literal["harmful", "both"] = "harmful") -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO: -ratio * A, with a token's gradient masked once its probability moved |p_new - p_old| > delta.
+
+    delta: the trust region, an absolute shift of the sampled token's probability (0 < delta <= 1)
+    direction: mask only shifts past delta in the advantage's direction ("harmful", as PPO's clip) or both ways
+
+    The ratio clip of PPO is replaced by a mask on the absolute probability shift of the
+    sampled token, so a rare token (small p_old) may move by a large ratio and a common one
+    cannot move far. Choices the abstract leaves open: delta's default (0.2), and that, as
+    in PPO, only a shift in the direction the advantage pushes (A > 0 up, A < 0 down) is
+    masked by default. A masked token keeps its loss value, -sg(ratio) * A, with 0 gradient.
+    """
+    _check_delta(delta)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    adv = _zero_off(advantages.detach(), mask)
+    _, shift = _shift(old_logprobs, ratio, mask)
+    signed = shift.detach() * torch.sign(adv) if direction == "harmful" else shift.detach().abs()
+    out = (signed > delta) & (mask > 0)
+    loss = -torch.where(out, ratio.detach(), ratio) * adv
+    metrics = {"trust/masked_frac": _metric(out, mask), "trust/shift_abs": _metric(shift.abs(), mask),
+               "ratio_mean": _metric(ratio, mask)}
+    return _zero_off(loss, mask), metrics
+
+
+@POLICY_LOSSES.register("drpo", zero_at_zero_advantage=True)
+def drpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: float = 0.2,
+         coef: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """DRPO: -ratio * A + coef * |A| * (p_new - p_old)^2 / (2 * delta * p_old), a smooth penalty instead of DPPO's mask.
+
+    delta: where the penalty's pull cancels the policy gradient: a probability shift (0 < delta <= 1)
+    coef: penalty weight (>= 0; 0: the unclipped policy gradient -ratio * A)
+
+    With d = p_new - p_old = p_old (ratio - 1) the penalty is coef |A| p_old (ratio - 1)^2 / (2 delta),
+    so the gradient wrt the log-prob is -A * ratio * (1 - coef * sign(A) * d / delta): weight 1 at
+    d = 0, 0 on the trust-region boundary d = sign(A) * delta (DPPO's geometry with coef 1),
+    corrective (pulling back) beyond it, and bounded since |d| <= 1. The exact regulariser of
+    the paper is not in its abstract: this quadratic form, its normalisation by p_old (which
+    keeps every gradient finite) and the defaults are our choice.
+    """
+    _check_delta(delta)
+    if coef < 0:
+        raise ConfigError(f"drpo coef must be >= 0 (got {coef})")
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    adv = _zero_off(advantages.detach(), mask)
+    p_old, shift = _shift(old_logprobs, ratio, mask)
+    penalty = coef * adv.abs() * p_old * (ratio - 1) ** 2 / (2 * delta)
+    metrics = {"trust/beyond_frac": _metric(shift.detach() * torch.sign(adv) > delta, mask),
+               "trust/shift_abs": _metric(shift.abs(), mask), "trust/penalty": _metric(penalty, mask),
+               "ratio_mean": _metric(ratio, mask)}
+    return _zero_off(-ratio * adv + penalty, mask), metrics

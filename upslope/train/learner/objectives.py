@@ -12,6 +12,7 @@ import torch
 from upslope.algos.aggregate import aggregate
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
+from upslope.algos.trust import DualController, discrepancy, proxy_parts
 from upslope.batch import Batch
 from upslope.config import AlgoConfig, TrainConfig
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
@@ -118,12 +119,15 @@ class RLObjective(Objective):
             self.kl_fn = KL_ESTIMATORS.bind(algo.kl_estimator, where="algo.kl_estimator")
         self.kl_ctl = (AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.kl_target
                        else FixedKLController(algo.kl_coef))
+        d = algo.discrepancy
+        self.dual = DualController(d.init, d.lr, d.tolerance) if d is not None else None
         self.policy_loss = POLICY_LOSSES.bind(algo.policy_loss.name, algo.policy_loss.options,
                                               where="algo.policy_loss.options")
         self.one_pass = not several_passes(train)
         self.constant = algo.loss_agg_constant or float(max_new_tokens)
         self.kl_in_loss = self.uses_reference and algo.kl_in == "loss"
         self.skips_rows = (train.skip_zero_advantage and not self.kl_in_loss and not algo.entropy_coef
+                           and self.dual is None
                            and bool(POLICY_LOSSES.get(algo.policy_loss.name).attrs.get("zero_at_zero_advantage")))
 
     @classmethod
@@ -146,13 +150,57 @@ class RLObjective(Objective):
         batch = replace(batch, old_logprobs=self.updater.logprobs(batch, temperature=self.temperature))
         return stages.kl_penalty_in_reward(batch, self.kl_fn, self.kl_ctl.value)
 
-    def after_update(self, kl: float, samples: int) -> Metrics:
-        """The KL coefficient this step used, then adaptive KL moves it toward its target."""
-        if not self.uses_reference:
-            return {}
-        out = {"kl_coef": self.kl_ctl.value}
-        self.kl_ctl.update(kl, samples)
+    def after_update(self, kl: float, samples: int, discrepancy: float | None = None) -> Metrics:
+        """The KL coefficient and DCMDP multiplier this step used; then adaptive KL moves the
+        coefficient toward its target and dual ascent moves the multiplier by `discrepancy`."""
+        out: Metrics = {}
+        if self.uses_reference:
+            out["kl_coef"] = self.kl_ctl.value
+            self.kl_ctl.update(kl, samples)
+        if self.dual is not None:
+            out["dcmdp/lambda"] = self.dual.value
+            if discrepancy is not None:
+                self.dual.update(discrepancy)
         return out
+
+    def state(self) -> dict[str, Any]:
+        """What must survive a resume: the (adaptive) KL coefficient and the DCMDP multiplier."""
+        return {"kl_coef": self.kl_ctl.value, "dual": self.dual.state_dict() if self.dual is not None else None}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state` saved (a checkpoint from before DCMDP was enabled keeps lambda's init)."""
+        self.kl_ctl.value = float(state["kl_coef"])
+        if self.dual is not None and state.get("dual") is not None:
+            self.dual.load_state_dict(state["dual"])
+
+    def candidate(self, updater: "Updater") -> dict[str, Any] | None:
+        """With algo.accept (MIPU), what a vetoed update restores: trainable weights and optimiser
+        state before it (a copy, in memory); None otherwise."""
+        if self.algo.accept is None:
+            return None
+        import copy
+
+        weights = {n: p.detach().clone() for n, p in updater.model.named_parameters() if p.requires_grad}
+        return {"weights": weights, "state": copy.deepcopy(updater.state())}
+
+    def accept(self, batch: Batch, updater: "Updater", saved: dict[str, Any] | None) -> Metrics:
+        """MIPU: score the updated (candidate) policy on the batch against the sampler's log-probs
+        (`trust.improvement_proxy`, one extra forward) and restore `saved` unless it improves."""
+        if saved is None or self.algo.accept is None:
+            return {}
+        a = self.algo.accept
+        assert batch.advantages is not None
+        lp = updater.logprobs(batch, temperature=self.temperature)
+        gain, gap = proxy_parts(lp, batch.sampler_logprobs, batch.advantages, batch.loss_mask)
+        proxy = gain - a.gap_coef * gap
+        accepted = proxy > a.min_gain
+        if not accepted:
+            with torch.no_grad():
+                for n, p in updater.model.named_parameters():
+                    if n in saved["weights"]:
+                        p.copy_(saved["weights"][n])
+            updater.load_state(saved["state"])
+        return {"mipu/proxy": proxy, "mipu/gain": gain, "mipu/gap": gap, "mipu/accepted": float(accepted)}
 
     # ------------------------------------------------------------------ Objective hooks
 
@@ -178,6 +226,10 @@ class RLObjective(Objective):
             per_token = per_token * weights  # masked tokens have weight 0
             metrics.update({"tis/capped_frac": cm["capped_frac"], "tis/masked_frac": cm["masked_frac"]})
         ntok = max(float(mask.sum()), 1.0)
+        if self.dual is not None:
+            disc = discrepancy(lp, mb.sampler_logprobs)
+            per_token = per_token + self.dual.value * disc
+            metrics["dcmdp/discrepancy"] = float((disc.detach() * mask).sum()) / ntok
         if self.kl_in_loss:
             kl = self.kl_fn(lp, mb.ref_logprobs)
             per_token = per_token + self.kl_ctl.value * kl

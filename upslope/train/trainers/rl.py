@@ -53,7 +53,9 @@ class Trainer(BaseTrainer):
         self.objective = RLObjective.from_config(self.cfg, self.updater)
 
     def extra_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"critic": self.critic.state()} if self.critic is not None else {}
+        state: dict[str, Any] = {"objective": self.objective.state()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state()
         if self.replay is not None:
             state["replay"] = self.replay.state_dict()
         return state
@@ -67,6 +69,8 @@ class Trainer(BaseTrainer):
             if "replay" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
             self.replay.load_state_dict(state["replay"])
+        if "objective" in state:  # checkpoints written before the objective kept state have none
+            self.objective.load_state(state["objective"])
 
     # ------------------------------------------------------------------ stages wired
 
@@ -110,10 +114,13 @@ class Trainer(BaseTrainer):
             return metrics
         with self.clock("learner"):
             batch = self.prepare(batch, metrics, step)
+            saved = self.objective.candidate(self.updater)
             metrics.update(self.updater.update(batch, step, self.objective))
+            metrics.update(self.objective.accept(batch, self.updater, saved))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))
-            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size))
+            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size,
+                                                       metrics.get("dcmdp/discrepancy")))
         with self.clock("sync"):
             self.sync_weights()
         return metrics

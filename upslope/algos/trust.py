@@ -1,0 +1,68 @@
+"""Train/inference discrepancy as a constraint (DCMDP) and the sampler-side acceptance test of an update (MIPU).
+
+DCMDP (Liu et al. 2026): maximise reward subject to D(train || sampler) <= tolerance, relaxed
+with a Lagrange multiplier lambda >= 0 that dual ascent moves every step:
+lambda <- max(0, lambda + lr * (D - tolerance)). Inside the tolerance region lambda decays
+to 0 and the policy explores freely; outside it the penalty lambda * D pulls the training
+policy back toward what the sampler computes. The discrepancy is k3 of the training
+log-probs against the sampler's on the sampled tokens (>= 0; our choice of estimator).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from upslope.algos.kl import k3
+from upslope.errors import ConfigError
+
+
+def discrepancy(logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(train || sampler) on the sampled tokens [N, L] (mask it before use)."""
+    return k3(logprobs, sampler_logprobs)
+
+
+class DualController:
+    """A Lagrange multiplier kept >= 0 and moved by dual ascent; its state is checkpointed (`state_dict`)."""
+
+    def __init__(self, init: float, lr: float, tolerance: float):
+        if init < 0 or lr <= 0 or tolerance < 0:
+            raise ConfigError(f"algo.discrepancy needs init >= 0, lr > 0, tolerance >= 0 "
+                              f"(got {init}, {lr}, {tolerance})")
+        self.value, self.lr, self.tolerance = float(init), float(lr), float(tolerance)
+
+    def update(self, observed: float) -> float:
+        """lambda <- max(0, lambda + lr * (observed - tolerance)); a non-finite observation changes nothing."""
+        if math.isfinite(observed):
+            self.value = max(0.0, self.value + self.lr * (observed - self.tolerance))
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
+
+
+def proxy_parts(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> tuple[float, float]:
+    """(gain, gap): token means of (pi_new / pi_sampler - 1) * A and of D = k3(pi_new, pi_sampler) over mask > 0."""
+    m = mask > 0
+    n = m.sum().clamp(min=1)
+    lr = torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)).clamp(-20, 20)
+    gain = torch.where(m, torch.expm1(lr) * advantages, torch.zeros_like(lr)).sum() / n
+    gap = torch.where(m, discrepancy(logprobs, sampler_logprobs), torch.zeros_like(lr)).sum() / n
+    return float(gain), float(gap)
+
+
+def improvement_proxy(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                      gap_coef: float) -> float:
+    """MIPU's inference-side proxy of a candidate: gain - gap_coef * gap (`proxy_parts`).
+
+    The gain is the surrogate improvement of the candidate measured against the policy that
+    sampled (the deployed one), the gap its train/inference discrepancy (k3, as DCMDP). A
+    candidate whose proxy is not above 0 is not expected to improve the deployed policy.
+    """
+    gain, gap = proxy_parts(logprobs, sampler_logprobs, advantages, mask)
+    return gain - gap_coef * gap
