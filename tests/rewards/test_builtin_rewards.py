@@ -65,6 +65,30 @@ def test_integers_round_trip(nums, sep):
     assert extract_integer(f"so \\boxed{{{render(nums[-1])}}}.", "boxed") == nums[-1]
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("To find 8 * 1,", None),           # an echo of the question commits to nothing
+    ("To find 6 * 6,", None),
+    ("54", 54), ("54.", 54), ("-7", -7), ("The answer is -3.", -3),
+    ("9 * 6 = 54", 54), ("5 - 3 = 2", 2), ("3\u00d74=12", 12), ("2^3 = 8", 8), ("12 / 4 is 3", 3),
+    ("8 x 1 is 8", 8), ("8x1=8", 8), ("6 xylophones", 6), ("I have 3 apples", 3),
+    ("1 * 6 equals 6", 6), ("no numbers", None), ("", None),
+])
+def test_first_result_skips_operands(text, expected):
+    assert extract_integer(text, "first_result") == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.integers(0, 999), b=st.integers(0, 999), op=st.sampled_from(["*", "+", "-", "x", "\u00d7"]),
+       lead=st.sampled_from(["", "To find ", "So, "]))
+def test_first_result_never_credits_an_echo(a, b, op, lead):
+    """Whatever the operands, repeating the expression (the hack the strict 'first' reward allows on
+    a * 1 prompts) extracts nothing, and the expression followed by its result extracts the result."""
+    assert extract_integer(f"{lead}{a} {op} {b},", "first_result") is None
+    assert extract_integer(f"{lead}{a} {op} {b} = {a * b + 1}", "first_result") == a * b + 1
+    assert integer_reward(f"{lead}{a} * 1,", a, {}, extract="first_result") == 0.0
+    assert integer_reward(f"{lead}{a} * 1,", a, {}, extract="first") == 1.0  # the hack the option closes
+
+
 # ------------------------------------------------------------------ built-in rewards
 
 

@@ -10,12 +10,12 @@ from upslope.rewards.extract import boxed, extract_integer, integers
 
 @REWARDS.register("integer")
 def integer_reward(completion: str, answer: Any, meta: dict, *,
-                   extract: Literal["first", "last", "after_equals", "boxed", "after_hashes"] = "first",
+                   extract: Literal["first", "first_result", "last", "after_equals", "boxed", "after_hashes"] = "first",
                    strict: bool = True) -> float:
     """1 if the extracted integer equals the answer. strict: the extraction strategy alone
     decides; lenient: any integer in the completion that equals the answer counts.
 
-    extract: where the integer is read: first, last, after_equals (last '='), boxed (\\boxed{}), after_hashes ('####')
+    extract: where the integer is read: first, first_result (first not beside an operator), last, after_equals (last '='), boxed (\\boxed{}), after_hashes ('####')
     strict: only the extracted integer counts (true), or any integer in the completion equal to the answer
     """
     target = int(str(answer).replace(",", "").strip())
