@@ -31,3 +31,16 @@ def gathered_weights(model: Any) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full(model: Any, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+              optim_state: dict[str, Any]) -> None:
+    """A one-process checkpoint (full weights by HF name; torch's optimiser state dict, keyed by the
+    position of each trainable parameter) into this rank's shards (every rank calls it with the whole)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    by_name = {"state": {names[i]: v for i, v in optim_state["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim_state["param_groups"]]}
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True, strict=False))

@@ -92,3 +92,9 @@ def gather_sums(sums: dict[str, float]) -> dict[str, float]:
         for k, v in part.items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in one process)."""
+    if world() > 1:
+        dist.barrier()

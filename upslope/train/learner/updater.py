@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from upslope.train.learner.objectives import Objective
 
 
+SHARDED_STATE = "sharded"  # trainer state's optimizer entry when the state went into the DCP shards
 ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the trained module
 
 
@@ -269,12 +270,15 @@ class Updater:
     # ------------------------------------------------------------------ state and export
 
     def state(self) -> dict[str, Any]:
-        """Optimiser and schedule state for a checkpoint (the weights are saved with the model)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """Optimiser and schedule state for a checkpoint (the weights are saved with the model; across
+        ranks the optimiser state goes into the sharded checkpoint, see `save_sharded`)."""
+        optimizer = self.optimizer.state_dict() if group.world() == 1 else SHARDED_STATE
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore what `state` saved."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore what `state` saved (a sharded optimiser state was restored by `load_sharded`)."""
+        if state["optimizer"] != SHARDED_STATE:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_sharded(self, path: Path) -> None:
@@ -288,6 +292,12 @@ class Updater:
         from upslope.dist.checkpoint import load_sharded
 
         load_sharded(path, self.model, self.optimizer)
+
+    def load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
+        """Every rank: a one-process checkpoint's weights and optimiser state, each rank keeping its shards."""
+        from upslope.dist.checkpoint import load_full
+
+        load_full(self.model, self.optimizer, weights, optimizer_state)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The full weights by HF name for an HF-format export: gathered from the shards onto rank 0
