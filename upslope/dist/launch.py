@@ -19,7 +19,7 @@ def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
         run_trainer(command, load_config(recipe, overrides))
     except UpslopeError as exc:
         if group.is_main():
-            print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(f"upslope: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
 
 
