@@ -20,7 +20,8 @@ def check(*overrides: str) -> None:
 
 def test_defaults_are_one_process():
     cfg = load_config(None, [])
-    assert (cfg.dist.learner_procs, cfg.dist.strategy, cfg.dist.cpu_offload, cfg.dist.backend) == (1, "fsdp", False, "auto")
+    d = cfg.dist
+    assert (d.learner_procs, d.strategy, d.cpu_offload, d.backend) == (1, "fsdp", False, "auto")
     check()
 
 

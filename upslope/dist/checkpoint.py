@@ -27,7 +27,8 @@ def load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> No
 
 
 def gathered_weights(model: Any) -> dict[str, torch.Tensor]:
-    """The full weights by HF name in CPU memory on rank 0 (empty elsewhere), for an HF-format export (every rank calls it)."""
+    """The full weights by HF name in CPU memory on rank 0 (empty elsewhere), for an HF-format
+    export (every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -37,7 +37,8 @@ def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) 
                               f"set them equal or leave dist.learner_procs at 1")
         run_trainer(command, cfg)
         return 0
-    resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir)  # convert or download once here, not in every rank at the same time
+    # convert or download the model once here, not in every rank at the same time
+    resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir)
     import torch.multiprocessing as mp
 
     try:

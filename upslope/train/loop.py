@@ -138,9 +138,10 @@ class BaseTrainer:
         several learner ranks rank 0 collects and every rank gets the batch."""
         if not self.main:
             return group.broadcast(None)
-        return group.broadcast(collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
-                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
-                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock))
+        got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
+                      self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
+                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+        return group.broadcast(got)
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
         r = self.cfg.rollout

@@ -123,8 +123,8 @@ class AdamW(torch.optim.Optimizer):
                 if p.dtype != torch.float32 and noise is None:
                     noise = RoundingNoise(self.chunk, self.seed, t)
                 local = {k: _local(v) for k, v in state.items()}  # FSDP2: this rank's shard of each
-                _update(_local(p), _local(p.grad), local, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, bc1=1 - b1 ** t, bc2=1 - b2 ** t,
-                        chunk=self.chunk, noise=noise)
+                _update(_local(p), _local(p.grad), local, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, bc1=1 - b1 ** t,
+                        bc2=1 - b2 ** t, chunk=self.chunk, noise=noise)
         return loss
 
 

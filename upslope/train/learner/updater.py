@@ -245,7 +245,8 @@ class Updater:
                     if p.requires_grad:
                         p.grad = torch.zeros_like(p)
             clip = self.optim_cfg.grad_clip
-            norm = shard.plain(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf")))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+            norm = shard.plain(norm)  # FSDP: a DTensor
             if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
                 continue
             sums["grad_norm"] += float(norm)
