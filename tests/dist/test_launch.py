@@ -40,3 +40,13 @@ def test_two_rank_run_checkpoints_shards_and_resumes_in_one_process(tiny_model_p
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     assert (run / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize("command, overrides, words", [
+    ("dpo", [], "`upslope dpo` does not run on a sharded learner yet"),
+    ("train", ["algo.advantage.name=gae"], "needs PPO's critic"),
+])
+def test_trainers_not_sharded_yet_are_one_line(tmp_path, capsys, command, overrides, words):
+    rc = main([command, f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and words in err and "\n" not in err
