@@ -23,6 +23,7 @@ from upslope.fsutil import atomic_directory
 from upslope.train.learner.finite import first_nonfinite
 
 MARKER = "COMPLETE"
+SHARDED = "sharded"  # a sharded learner's weights and optimiser state (torch.distributed.checkpoint)
 
 
 def rng_state() -> dict[str, Any]:
@@ -52,11 +53,15 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
-                    config_yaml: str, keep_last: int) -> Path:
+                    config_yaml: str, keep_last: int, weights: dict[str, torch.Tensor] | None = None,
+                    sharded: Path | None = None) -> Path:
     """Write step `step`; a crash at any point leaves the previous `latest` intact. Non-finite
-    weights or optimiser state are refused (one line), so no checkpoint ever holds NaN/inf."""
+    weights or optimiser state are refused (one line), so no checkpoint ever holds NaN/inf. A
+    sharded learner passes its gathered `weights` (for the HF-format model/) and the directory
+    of its DCP shards (`sharded`, moved in as sharded/)."""
     final = ckpt_dir / f"step_{step:06d}"
-    bad = first_nonfinite(model.state_dict().items()) or first_nonfinite([("trainer state", trainer_state)])
+    bad = (first_nonfinite((model.state_dict() if weights is None else weights).items())
+           or first_nonfinite([("trainer state", trainer_state)]))
     if bad:
         raise UpslopeError(f"checkpoint step {step}: refusing to save non-finite values (NaN/inf) in {bad}; "
                            f"the previous checkpoints in {ckpt_dir} are unchanged")
@@ -64,7 +69,10 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, train
         raise UpslopeError(f"{final}: exists and is not a checkpoint upslope wrote; not replacing it")
     try:
         with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True, replace=True) as tmp:
-            model.save_pretrained(tmp / "model", safe_serialization=True)
+            model.save_pretrained(tmp / "model", safe_serialization=True,
+                                  **({} if weights is None else {"state_dict": weights}))
+            if sharded is not None:
+                os.replace(sharded, tmp / SHARDED)
             tokenizer.save_pretrained(tmp / "model")
             torch.save(trainer_state, tmp / "trainer.pt")
             (tmp / "config.yaml").write_text(config_yaml)
@@ -158,8 +166,6 @@ def check_resume(path: Path, step: int, steps: int, final_eval: bool = False) ->
 def load_model_weights(model: Any, path: Path) -> None:
     """Copy the checkpoint's weights into `model` in place (same architecture); a LoRA
     checkpoint holds only the adapter, which goes into a LoRA-wrapped `model`."""
-    from safetensors.torch import load_file
-
     adapter = lora.is_adapter_dir(path / "model")
     if adapter != lora.is_adapted(model):
         held, trains = ("a LoRA adapter", "the full model") if adapter else ("a full model", "a LoRA adapter")
@@ -168,16 +174,7 @@ def load_model_weights(model: Any, path: Path) -> None:
     if adapter:
         lora.load_adapter(model, path / "model")
         return
-    state: dict[str, torch.Tensor] = {}
-    files = sorted((path / "model").glob("*.safetensors"))
-    if not files:
-        raise UpslopeError(f"{path / 'model'}: no .safetensors weights; not a complete checkpoint")
-    for f in files:
-        try:
-            state.update(load_file(f))
-        except Exception as exc:  # safetensors: truncated / corrupt header
-            raise UpslopeError(f"{f}: cannot read the weights, the file is damaged or truncated "
-                               f"({str(exc).splitlines()[0][:160]})") from None
+    state = read_model_weights(path)
     own = model.state_dict()
     wrong = [k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     if wrong:
@@ -189,3 +186,20 @@ def load_model_weights(model: Any, path: Path) -> None:
     if real_missing or unexpected:
         raise UpslopeError(f"{path}: checkpoint does not match the model (missing {real_missing[:3]}, "
                            f"unexpected {unexpected[:3]})")
+
+
+def read_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A full-model checkpoint's weights by HF name (model/*.safetensors); damaged files are one line."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    files = sorted((path / "model").glob("*.safetensors"))
+    if not files:
+        raise UpslopeError(f"{path / 'model'}: no .safetensors weights; not a complete checkpoint")
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except Exception as exc:  # safetensors: truncated / corrupt header
+            raise UpslopeError(f"{f}: cannot read the weights, the file is damaged or truncated "
+                               f"({str(exc).splitlines()[0][:160]})") from None
+    return state

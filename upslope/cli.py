@@ -156,8 +156,9 @@ def _dispatch(command: str, rest: list[str]) -> int:
         recipe, overrides = _split_args(rest)
         cfg = load_config(recipe, overrides)
         check_run_dir(Path(cfg.run_dir), resuming=bool(cfg.train.resume))
-        run_trainer(command, cfg)
-        return 0
+        from upslope.dist.launch import launch
+
+        return launch(command, cfg, recipe, overrides)
     if command == "export":
         force = "--force" in rest
         paths = [a for a in rest if a != "--force"]

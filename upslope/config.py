@@ -350,6 +350,17 @@ class RMConfig(Section):
 LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+class DistConfig(Section):
+    """The sharded learner: N learner processes (torch.distributed); rank 0 also owns the engine and data."""
+    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: `upslope train` spawns N "
+                                "ranks on this machine, or set by torchrun's WORLD_SIZE)", ge=1)
+    strategy: Literal["ddp", "fsdp"] = opt("fsdp", "ddp: every rank holds the whole model, gradients are summed; "
+                                                   "fsdp: FSDP2 fully_shard per decoder layer (parameters, gradients "
+                                                   "and optimiser state split across ranks)")
+    cpu_offload: bool = opt(False, "fsdp: keep the parameter shards and optimiser state in CPU memory (GPU runs)")
+    backend: Literal["auto", "gloo", "nccl"] = opt("auto", "collective backend (auto: nccl on GPUs, gloo on CPU)")
+
+
 class LoraConfig(Section):
     enabled: bool = opt(False, "train a LoRA adapter (PEFT) instead of every weight; works for every trainer")
     rank: int = opt(16, "adapter rank r (B @ A has rank r)", ge=1)
@@ -391,6 +402,7 @@ class Config(Section):
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     rm: RMConfig = opt_factory(RMConfig, "reward-model training (upslope rm)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
+    dist: DistConfig = opt_factory(DistConfig, "sharded learner across processes (DDP / FSDP2)")
     _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
 
     @field_validator("plugins", mode="before")

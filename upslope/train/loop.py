@@ -19,6 +19,7 @@ from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler
+from upslope.dist import group
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
@@ -29,7 +30,7 @@ from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
 from upslope.train.learner.memory import release_freed_memory
-from upslope.train.learner.updater import Updater, default_device
+from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
 from upslope.train.timing import StageClock, throughput
 
 
@@ -51,12 +52,17 @@ class BaseTrainer:
     uses_engine = True  # start the rollout engine before step 1 (else lazily, e.g. for evaluation)
 
     def __init__(self, cfg: Config):
+        group.init_from_env(cfg.dist.backend, default_device())  # a learner rank (torchrun or `spawn`)
+        self.main = group.is_main()  # rank 0 owns the engine, data order, rewards, logs and checkpoints
+        if not self.main:
+            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update=dict.fromkeys(
+                ("jsonl", "tensorboard", "progress", "plot"), False))})
         self.cfg = cfg
-        self.report = Report()
+        self.report = Report(enabled=self.main)
         self.check_config()
         self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
-        torch.set_num_threads(t.threads or os.cpu_count() or 1)
+        torch.set_num_threads(t.threads or max((os.cpu_count() or 1) // group.world(), 1))
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
         seed_step(t.seed, 0)
         self.run_dir = Path(cfg.run_dir)
@@ -72,7 +78,7 @@ class BaseTrainer:
         self.start_step = 0
         if t.resume:  # before the engine starts: a bad checkpoint is reported at once
             self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
-        if self.uses_engine:
+        if self.uses_engine and self.main:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
         self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
 
@@ -128,10 +134,14 @@ class BaseTrainer:
     def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
                 max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None) -> Collected:
         """The collect stage over this method's task (see `upslope.train.collect.collect`),
-        drawing from `self.sampler`, seeded by the step and round, timed on the step's clock."""
-        return collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
-                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
-                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+        drawing from `self.sampler`, seeded by the step and round, timed on the step's clock. With
+        several learner ranks rank 0 collects and every rank gets the batch."""
+        if not self.main:
+            return group.broadcast(None)
+        got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
+                      self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
+                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+        return group.broadcast(got)
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
         r = self.cfg.rollout
@@ -141,7 +151,12 @@ class BaseTrainer:
 
     def sync_weights(self) -> None:
         """Push the learner's weights into the rollout engine (starting it if needed), then hand
-        the update's freed memory back to the OS."""
+        the update's freed memory back to the OS. The other learner ranks take part in gathering
+        the weights from their shards."""
+        if not self.main:
+            for _ in self.updater.named_weights():
+                pass
+            return
         self.runtime.engine.update_weights(self.updater.named_weights())
         release_freed_memory()
 
@@ -159,7 +174,8 @@ class BaseTrainer:
             for step in range(self.start_step + 1, last + 1):
                 metrics = self.timed_step(step)
                 self.logger.log(step, metrics)
-                display.update(step, metrics)
+                if self.main:
+                    display.update(step, metrics)
                 if t.eval_every and step % t.eval_every == 0 and step != t.steps:
                     self.evaluate(step)
                 if (t.save_every and step % t.save_every == 0) or step == last:
@@ -184,6 +200,8 @@ class BaseTrainer:
     def evaluate(self, step: int) -> dict[str, Any]:
         if not self.uses_engine and step > 0:  # the engine has not been following the learner's updates
             self.sync_weights()
+        if not self.main:
+            return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
                            show_progress=self.cfg.log.progress)
         self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
@@ -196,13 +214,30 @@ class BaseTrainer:
                  "sampler": self.sampler.state_dict() if self.sampler is not None else None,
                  "engine_version": self.runtime.engine_version}
         state.update(self.extra_state())
-        return ckpt.save_checkpoint(self.run_dir / "checkpoints", step, self.updater.model, self.runtime.tokenizer,
-                                    state, dump(self.cfg), self.cfg.train.keep_last)
+        ckpt_dir = self.run_dir / "checkpoints"
+        if group.world() == 1:
+            return ckpt.save_checkpoint(ckpt_dir, step, self.updater.model, self.runtime.tokenizer,
+                                        state, dump(self.cfg), self.cfg.train.keep_last)
+        staged = ckpt_dir / f".sharded-step_{step:06d}"  # every rank writes its shards, rank 0 moves them in
+        self.updater.save_sharded(staged)
+        weights = self.updater.export_weights()  # gathered on rank 0 for the HF-format model/
+        final = ckpt_dir / f"step_{step:06d}"
+        if self.main:
+            final = ckpt.save_checkpoint(ckpt_dir, step, self.updater.model, self.runtime.tokenizer, state,
+                                         dump(self.cfg), self.cfg.train.keep_last, weights=weights, sharded=staged)
+        group.barrier()
+        return final
 
     def _resume(self, path: Path) -> None:
         state = ckpt.load_trainer_state(path)
         ckpt.check_resume(path, int(state["step"]), self.cfg.train.steps, final_eval=self.cfg.train.eval_after)
-        ckpt.load_model_weights(self.updater.model, path)
+        if (path / ckpt.SHARDED).is_dir():  # weights and optimiser state as DCP shards, for any number of ranks
+            self.updater.load_sharded(path / ckpt.SHARDED)
+        elif group.world() > 1:  # a one-process checkpoint: every rank reads it whole and keeps its shards
+            self.updater.load_full(ckpt.read_model_weights(path), state["optimizer"])
+            state = {**state, "optimizer": SHARDED_STATE}
+        else:
+            ckpt.load_model_weights(self.updater.model, path)
         self.updater.load_state(state)
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])

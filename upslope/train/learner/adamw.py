@@ -122,9 +122,17 @@ class AdamW(torch.optim.Optimizer):
                 t = int(state["step"])
                 if p.dtype != torch.float32 and noise is None:
                     noise = RoundingNoise(self.chunk, self.seed, t)
-                _update(p, p.grad, state, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, bc1=1 - b1 ** t, bc2=1 - b2 ** t,
-                        chunk=self.chunk, noise=noise)
+                local = {k: _local(v) for k, v in state.items()}  # FSDP2: this rank's shard of each
+                _update(_local(p), _local(p.grad), local, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, bc1=1 - b1 ** t,
+                        bc2=1 - b2 ** t, chunk=self.chunk, noise=noise)
         return loss
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (sharing its storage: FSDP2 parameters update shard by shard), else `t`."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _new_moments(p: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -12,7 +13,9 @@ import torch
 from upslope import lora
 from upslope.algos.aggregate import loss_normalizers
 from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
-from upslope.config import Config, LoraConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.config import Config, DistConfig, LoraConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.dist import group, shard
+from upslope.dist.balance import assign_by_tokens
 from upslope.models import load_model
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from upslope.train.learner.objectives import Objective
 
 
+SHARDED_STATE = "sharded"  # trainer state's optimizer entry when the state went into the DCP shards
 ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the trained module
 
 
@@ -42,15 +46,22 @@ class Updater:
     critic or a reward model, see `upslope.train.learner.scalar`)."""
 
     def __init__(self, model_path: str, model: ModelConfig, train: TrainConfig, optim: OptimConfig,
-                 lora_cfg: LoraConfig, device: str | torch.device | None = None, loader: ModelLoader = causal_lm):
+                 lora_cfg: LoraConfig, device: str | torch.device | None = None, loader: ModelLoader = causal_lm,
+                 dist: DistConfig | None = None):
         self.model_cfg, self.train_cfg, self.optim_cfg, self.lora_cfg = model, train, optim, lora_cfg
         self.device = torch.device(device) if device is not None else default_device()
+        self.dist_cfg = dist or DistConfig()
+        shard.check_combination(self.dist_cfg, optim, model, lora_cfg, self.device)
         self.model = loader(model_path, model).to(self.device)
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if train.lean_activations:
             use_lean_activations(self.model)
         if lora_cfg.enabled:  # only the adapter trains; the base weights stay frozen
             self.model = lora.wrap(self.model, lora_cfg)
+        if group.world() > 1:  # DDP or FSDP2 across the learner ranks
+            self.model = shard.shard_model(self.model, self.dist_cfg, train)
+            if shard.is_sharded(self.model):
+                shard.register_entry(self.model, token_scores)
         self.model.train()
         self.model_path = model_path
         self._reference: Any = None
@@ -62,8 +73,8 @@ class Updater:
     @classmethod
     def from_config(cls, cfg: Config, model_path: str, device: str | torch.device | None = None,
                     loader: ModelLoader = causal_lm) -> "Updater":
-        """The updater for a run's config (only its model, train, optim and lora sections are read)."""
-        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device, loader)
+        """The updater for a run's config (only its model, train, optim, lora and dist sections are read)."""
+        return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device, loader, cfg.dist)
 
     def reference(self) -> Any:
         """The frozen reference (the initial model), loaded once on first use: with LoRA the
@@ -109,6 +120,21 @@ class Updater:
                                              budget, split_oversized=False)
         return micro_batch_indices(batch.seq_lens, budget)
 
+    def rank_micro_batches(self, mini: Batch, whole_groups: bool = False) -> list[tuple[list[int], float]]:
+        """This rank's micro-batches of a mini-batch with the factor on each one's loss: all of them
+        (factor 1) in one process; across ranks a share balanced by forwarded tokens, and under
+        FSDP padded with zero-weighted repeats so that every rank runs as many forwards."""
+        parts = self.micro_batches(mini, whole_groups)
+        world = group.world()
+        if world == 1:
+            return [(idx, 1.0) for idx in parts]
+        shares = assign_by_tokens([self.forwarded_tokens(mini.select(idx)) for idx in parts], world)
+        scale = shard.loss_scale(self.model)
+        mine = [(parts[i], scale) for i in shares[group.rank()]]
+        if shard.is_sharded(self.model) and parts:
+            mine += [(parts[0], 0.0)] * (max(map(len, shares)) - len(mine))
+        return mine
+
     def forwarded_tokens(self, batch: Batch) -> int:
         """Tokens one forward pass over the batch processes (each group's prompt once when shared)."""
         if not self.share_prompt:
@@ -126,7 +152,7 @@ class Updater:
             shared = None
             if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
                 shared = (mb.prompt_lens, mb.seq_lens, mb.group_ids)
-            return token_scores(model, mb.input_ids, mb.attention_mask, mb.loss_mask, shared=shared,
+            return shard.entry(model, token_scores)(mb.input_ids, mb.attention_mask, mb.loss_mask, shared=shared,
                                 chunk_rows=self.train_cfg.logprob_chunk, temperature=temperature,
                                 entropy_grad=entropy_grad and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
@@ -191,6 +217,7 @@ class Updater:
         batch = objective.prepare(batch, self)
         skips = objective.skips_rows
         sums: dict[str, float] = defaultdict(float)
+        mine: dict[str, float] = defaultdict(float)  # over this rank's micro-batches
         for mini in self.mini_batches(batch, step, updates, epochs):
             norms = loss_normalizers(mini.loss_mask)
             if skips:
@@ -198,24 +225,28 @@ class Updater:
                 sums["rows_skipped"] += float((~keep).sum())
                 mini = mini.select(torch.nonzero(keep).flatten())
             sums["rows"] += float(mini.size)
-            for idx in self.micro_batches(mini, objective.whole_groups):
+            for idx, weight in self.rank_micro_batches(mini, objective.whole_groups):
                 mb = mini.select(idx).to(self.device)
-                sums["forwarded"] += float(self.forwarded_tokens(mb))
                 loss, metrics, entropy = objective.micro_step(self, mb, norms)
-                loss.backward()
+                (loss * weight).backward()
+                if not weight:  # a padding pass (FSDP: every rank runs as many forwards): nothing counted
+                    continue
+                mine["forwarded"] += float(self.forwarded_tokens(mb))
                 ntok = float(mb.loss_mask.sum())
-                sums["tokens"] += ntok
-                sums["loss"] += float(loss.detach())
+                mine["tokens"] += ntok
+                mine["loss"] += float(loss.detach())
                 if entropy is not None:
-                    sums["entropy"] += entropy
+                    mine["entropy"] += entropy
                 for k, v in metrics.items():
-                    sums[k] += float(v) * ntok
+                    mine[k] += float(v) * ntok
+            shard.sum_gradients(self.model)
             if mini.size == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
                 for p in self.model.parameters():
                     if p.requires_grad:
                         p.grad = torch.zeros_like(p)
             clip = self.optim_cfg.grad_clip
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+            norm = shard.plain(norm)  # FSDP: a DTensor
             if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
                 continue
             sums["grad_norm"] += float(norm)
@@ -223,6 +254,7 @@ class Updater:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
+        sums.update(group.gather_sums(mine))  # over every rank's micro-batches
         tokens = sums.pop("tokens", 0.0)
         n_updates = max(sums.pop("updates", 0.0), 1.0)
         skipped, rows = sums.pop("rows_skipped", 0.0), sums.pop("rows", 0.0)
@@ -239,19 +271,52 @@ class Updater:
     # ------------------------------------------------------------------ state and export
 
     def state(self) -> dict[str, Any]:
-        """Optimiser and schedule state for a checkpoint (the weights are saved with the model)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """Optimiser and schedule state for a checkpoint (the weights are saved with the model; across
+        ranks the optimiser state goes into the sharded checkpoint, see `save_sharded`)."""
+        optimizer = self.optimizer.state_dict() if group.world() == 1 else SHARDED_STATE
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore what `state` saved."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore what `state` saved (a sharded optimiser state was restored by `load_sharded`)."""
+        if state["optimizer"] != SHARDED_STATE:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_sharded(self, path: Path) -> None:
+        """Every rank: the weights and optimiser state as DCP shards under `path`, loadable on any number of ranks."""
+        from upslope.dist.checkpoint import save_sharded
+
+        save_sharded(path, self.model, self.optimizer)
+
+    def load_sharded(self, path: Path) -> None:
+        """Every rank: restore what `save_sharded` wrote, whatever number of ranks wrote it."""
+        from upslope.dist.checkpoint import load_sharded
+
+        load_sharded(path, self.model, self.optimizer)
+
+    def load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
+        """Every rank: a one-process checkpoint's weights and optimiser state, each rank keeping its shards."""
+        from upslope.dist.checkpoint import load_full
+
+        load_full(self.model, self.optimizer, weights, optimizer_state)
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights by HF name for an HF-format export: gathered from the shards onto rank 0
+        (empty on the other ranks; every rank must call it), the model's own state dict in one process."""
+        if group.world() == 1:
+            return self.model.state_dict()
+        from upslope.dist.checkpoint import gathered_weights
+
+        return gathered_weights(self.model)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's parameters by HF name, for pushing into the rollout engine. With LoRA only
         the blocks the adapter changes, merged (the engine keeps the frozen rest since its start)."""
         if self.lora_cfg.enabled:
             yield from lora.merged_weights(self.model)
+            return
+        if group.world() > 1:  # one full parameter at a time from the shards, on rank 0
+            yield from shard.full_weights(self.model, group.is_main())
             return
         for name, p in self.model.named_parameters():
             yield name, p.detach()

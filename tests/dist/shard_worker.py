@@ -1,0 +1,89 @@
+"""One learner rank of the sharded-learner tests (imported by the spawned processes): a fixed RL
+batch, 3 updates, then the first step's gradients, the losses and the weights written by rank 0,
+a DCP checkpoint, and optionally a 4th update after resuming from another run's checkpoint."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from upslope.batch import Batch, build_batch
+from upslope.config import load_config
+from upslope.dist import group
+from upslope.dist.shard import plain
+from upslope.train.learner.objectives import RLObjective
+from upslope.train.learner.updater import Updater
+
+STEPS = 3
+
+
+def rl_batch(groups: int = 4, n: int = 3) -> Batch:
+    """Groups of `n` rows sharing a prompt, lengths varied (micro-batches of different sizes),
+    advantages +a, -a, 0, ... (one group all 0: its rows are skipped)."""
+    gen = torch.Generator().manual_seed(0)
+    prompts, comps, gids = [], [], []
+    for g in range(groups):
+        prompt = torch.randint(5, 400, (3 + g % 3,), generator=gen).tolist()
+        for i in range(n):
+            prompts.append(prompt)
+            comps.append(torch.randint(5, 400, (2 + (g + i) % 5,), generator=gen).tolist())
+            gids.append(g)
+    b = build_batch(prompts, comps, [[-1.0] * len(c) for c in comps], gids, [False] * len(comps), pad_id=0)
+    signs = torch.tensor([1.0, -1.0] + [0.0] * (n - 2))
+    row_adv = torch.cat([a * signs for a in [1.0, 0.5, 0.0, -2.0][:groups]])
+    b.advantages = row_adv[:, None] * b.loss_mask
+    return b
+
+
+def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, RLObjective]:
+    cfg = load_config(None, [f"model.name={path}", "train.precision=float32", "optim.lr=1e-3", "optim.eps=1e-4",
+                             "train.micro_batch_tokens=40", f"dist.strategy={strategy}",
+                             f"dist.learner_procs={group.env_world_size()}", *extra])
+    torch.manual_seed(0)
+    updater = Updater.from_config(cfg, path, "cpu")
+    return updater, RLObjective.from_config(cfg, updater)
+
+
+def full_weights(updater: Updater) -> dict[str, torch.Tensor]:
+    return {n: plain(p.detach()).clone() for n, p in updater.model.named_parameters()}
+
+
+def run(path: str, strategy: str, out: str, resume_from: str | None = None, *extra: str) -> None:
+    """3 updates on the fixed batch; rank 0 writes {losses, grads (step 1), weights} to out/result.pt,
+    every rank its shards to out/ckpt; with `resume_from`, a fresh learner loads that checkpoint
+    and makes update 4 (rank 0 writes the loaded and the updated weights to out/resumed.pt)."""
+    out_dir = Path(out)
+    updater, objective = learner(path, strategy, *extra)
+    grads: list[dict[str, torch.Tensor]] = []
+    updater.optimizer.register_step_pre_hook(lambda *_: grads.append(
+        {n: plain(p.grad).clone() for n, p in updater.model.named_parameters()}) if not grads else None)
+    batch = rl_batch()
+    losses = [updater.update(batch, step, objective)["loss"] for step in range(1, STEPS + 1)]
+    weights = full_weights(updater)
+    if group.is_main():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"losses": losses, "grads": grads[0], "weights": weights}, out_dir / "result.pt")
+    updater.save_sharded(out_dir / "ckpt")
+    if resume_from:
+        resume(path, strategy, out, resume_from, *extra)
+
+
+def resume(path: str, strategy: str, out: str, ckpt: str, *extra: str) -> None:
+    """A fresh learner loads `ckpt` and makes update 4; rank 0 writes the loaded and the updated
+    weights to out/resumed.pt."""
+    again, objective = learner(path, strategy, *extra)
+    again.load_sharded(Path(ckpt))
+    loaded = full_weights(again)
+    again.update(rl_batch(), STEPS + 1, objective)
+    after = full_weights(again)  # a collective: every rank
+    if group.is_main():
+        torch.save({"loaded": loaded, "weights": after}, Path(out) / "resumed.pt")
+
+
+def run_variants(path: str, out: str, resume_from: dict[str, str], variants: dict[str, list[str]]) -> None:
+    """One rank of a spawned group: `run` for each named variant (strategy first, then overrides) in
+    out/NAME, resuming from resume_from[NAME]."""
+    group.init_from_env("gloo", torch.device("cpu"))
+    torch.set_num_threads(1)
+    for name, (strategy, *extra) in variants.items():
+        run(path, strategy, f"{out}/{name}", resume_from[name], *extra)

@@ -1,0 +1,53 @@
+"""The dist section: defaults keep today's single-process learner, and a combination the
+sharded learner cannot run is one config error line (checked before any process starts)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from upslope.config import load_config
+from upslope.dist.shard import check_combination
+from upslope.errors import ConfigError
+
+CPU = torch.device("cpu")
+
+
+def check(*overrides: str) -> None:
+    """check_combination on the default config (fp32 weights, whatever this machine's auto picks) plus `overrides`."""
+    cfg = load_config(None, ["model.dtype=float32", "engine.dtype=float32", "train.precision=float32", *overrides])
+    check_combination(cfg.dist, cfg.optim, cfg.model, cfg.lora, CPU)
+
+
+def test_defaults_are_one_process():
+    cfg = load_config(None, [])
+    d = cfg.dist
+    assert (d.learner_procs, d.strategy, d.cpu_offload, d.backend) == (1, "fsdp", False, "auto")
+    check()
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["optim.state_dtype=int8"], "8-bit AdamW moments"),
+    (["model.dtype=bfloat16", "train.precision=bfloat16"], "8-bit AdamW moments"),  # auto: int8 with bf16 weights
+    (["lora.enabled=true"], "LoRA"),
+    (["dist.cpu_offload=true"], "GPU learner"),
+    (["dist.backend=nccl"], "needs GPUs"),
+])
+def test_unsupported_combination_is_one_line(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        check("dist.learner_procs=2", *overrides)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["dist.strategy=ddp", "optim.state_dtype=int8"], ["dist.strategy=ddp", "lora.enabled=true"],
+    ["optim.state_dtype=bfloat16", "model.dtype=bfloat16", "train.precision=bfloat16"],
+    ["optim.state_dtype=int8"],  # one process: every optimiser path as today
+])
+def test_supported_combinations_pass(overrides):
+    procs = [] if overrides == ["optim.state_dtype=int8"] else ["dist.learner_procs=2"]
+    check(*procs, *overrides)
+
+
+def test_unknown_dist_key_is_an_error():
+    with pytest.raises(ConfigError, match="dist"):
+        load_config(None, ["dist.procs=2"])

@@ -1,0 +1,52 @@
+"""`upslope train dist.learner_procs=N`: bad combinations are one error line before any rank
+starts; a real 2-rank run (spawned by upslope, gloo, the tiny model, the HF engine) writes a
+checkpoint with DCP shards and the gathered HF model, which one process resumes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from upslope.cli import main
+
+TINY_RUN = ["engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8",
+            "train.eval_before=false", "train.eval_after=false", "log.progress=false", "log.plot=false",
+            "log.tensorboard=false", "model.dtype=float32", "engine.dtype=float32", "train.precision=float32"]
+
+
+def test_unsupported_combination_is_one_line_before_any_rank_starts(tmp_path, capsys):
+    rc = main(["train", f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "optim.state_dtype=int8",
+               "model.dtype=float32"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert err.startswith("upslope: error: dist.strategy=fsdp: 8-bit AdamW moments")
+
+
+def test_learner_procs_other_than_torchruns_world_size_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    rc = main(["train", f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "dist.learner_procs=2, but torchrun started 3 processes" in err and "\n" not in err
+
+
+@pytest.mark.slow  # two spawned ranks and a resumed run: ~1-2 min on 2 busy cores
+def test_two_rank_run_checkpoints_shards_and_resumes_in_one_process(tiny_model_path, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN]
+    assert main([*args, "train.steps=1", "dist.learner_procs=2"]) == 0
+    step1 = run / "checkpoints" / "step_000001"
+    assert (step1 / "sharded" / ".metadata").is_file() and any((step1 / "model").glob("*.safetensors"))
+    assert main([*args, "train.steps=2", "train.resume=latest"]) == 0  # 2 -> 1
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert (run / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize("command, overrides, words", [
+    ("dpo", [], "`upslope dpo` does not run on a sharded learner yet"),
+    ("train", ["algo.advantage.name=gae"], "needs PPO's critic"),
+])
+def test_trainers_not_sharded_yet_are_one_line(tmp_path, capsys, command, overrides, words):
+    rc = main([command, f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and words in err and "\n" not in err

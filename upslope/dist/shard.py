@@ -1,0 +1,134 @@
+"""Shard the learner's model across the ranks and reduce its gradients.
+
+ddp: every rank holds the whole model; after a rank's micro-batches the gradients are summed
+with one all-reduce per parameter (not torch's DistributedDataParallel: ranks run different
+numbers of micro-batches, balanced by tokens rather than by count, and DDP's reducer would
+all-reduce after every backward or need the same number of backwards on every rank; one sum per
+optimiser step also matches the loss normalisers, which already divide by the GLOBAL counts).
+fsdp: FSDP2 `fully_shard` on each decoder layer, then on the root (the embeddings, the tied
+head and the final norm), so parameters, gradients and optimiser state are DTensor shards."""
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from upslope.config import DistConfig, LoraConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.dist.group import world
+from upslope.errors import ConfigError
+
+
+def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, lora_cfg: LoraConfig,
+                      device: torch.device) -> None:
+    """One ConfigError line for a dist option combination the sharded learner cannot run."""
+    if d.learner_procs == 1:
+        return
+    if d.strategy == "fsdp":
+        low = model.dtype != "float32"
+        if optim.state_dtype == "int8" or (optim.state_dtype == "auto" and low):
+            raise ConfigError("dist.strategy=fsdp: 8-bit AdamW moments are quantised in 256-value blocks of the whole "
+                              "tensor and cannot be sharded; set optim.state_dtype=bfloat16 or float32 (or "
+                              "dist.strategy=ddp)")
+        if lora_cfg.enabled:
+            raise ConfigError("dist.strategy=fsdp does not shard a LoRA adapter yet; use dist.strategy=ddp with "
+                              "lora.enabled=true")
+    if d.cpu_offload and (d.strategy != "fsdp" or device.type != "cuda"):
+        raise ConfigError("dist.cpu_offload=true keeps FSDP shards in CPU memory while a GPU computes: it needs "
+                          "dist.strategy=fsdp and a GPU learner")
+    if d.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("dist.backend=nccl needs GPUs; this learner runs on the CPU (use gloo or auto)")
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (HF causal LMs: model.model.layers), each one FSDP unit."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ConfigError(f"dist.strategy=fsdp: {type(model).__name__} has no model.layers to shard per decoder "
+                          f"layer; use dist.strategy=ddp")
+    return list(layers)
+
+
+def shard_model(model: Any, d: DistConfig, train: TrainConfig) -> Any:
+    """The model as this rank holds it: unchanged for ddp (the weights are already equal, being
+    loaded from the same files), FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy
+    that all-gathers bf16 and reduces gradients in fp32)."""
+    if d.strategy == "ddp":
+        for p in model.parameters():  # the same start on every rank, even for freshly initialised heads
+            dist.broadcast(p.data, src=0)
+        return model
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if train.precision == "bfloat16":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if d.cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+ENTRY = "upslope_forward"  # the method through which a sharded model's custom forward runs
+
+
+def register_entry(model: Any, fn: Callable[..., Any]) -> None:
+    """Run `fn(model, ...)` as a forward of the FSDP root: upslope's log-prob forward calls the
+    decoder body and the (tied) head itself rather than `model.forward`, and the root's
+    parameters (embeddings, head, final norm) are gathered only around a registered forward."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    setattr(model, ENTRY, types.MethodType(fn, model))
+    register_fsdp_forward_method(model, ENTRY)
+
+
+def entry(model: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` bound to `model`: through the FSDP root when `register_entry` registered it, else directly."""
+    return getattr(model, ENTRY, None) or functools.partial(fn, model)
+
+
+def is_sharded(model: Any) -> bool:
+    """Is the model FSDP2-sharded (DTensor parameters)?"""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def loss_scale(model: Any) -> float:
+    """Factor on each micro-batch loss before backward: FSDP averages the reduced gradients over
+    the ranks (gloo has no pre-scaled sum), and the normalised losses need their plain sum."""
+    return float(world()) if is_sharded(model) else 1.0
+
+
+def sum_gradients(model: Any) -> None:
+    """ddp: every trainable parameter's gradient summed over the ranks (zeros where a rank ran
+    no micro-batch). FSDP reduces its shards in backward already."""
+    if world() == 1 or is_sharded(model):
+        return
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a collective), anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_weights(model: Any, main: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's parameters by name, one full tensor at a time (gathered from the shards on
+    every rank, one parameter in memory beyond the shards), yielded on the main rank only:
+    every rank must run the iteration to its end."""
+    for name, p in model.named_parameters():
+        full = plain(p.detach())
+        if main:
+            yield name, full
+        del full
