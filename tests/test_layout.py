@@ -1,0 +1,14 @@
+"""The test tree's own rules: pytest imports test modules by basename (no packages), so two files
+with the same name in different folders break collection of the whole suite."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_test_module_basenames_are_unique():
+    names = Counter(p.name for p in TESTS.rglob("*.py") if p.name not in ("conftest.py", "__init__.py"))
+    assert not [n for n, c in names.items() if c > 1], sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py")
+                                                               if names[p.name] > 1)
