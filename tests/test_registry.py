@@ -100,7 +100,7 @@ def test_builtin_plugin_option_types_are_checked():
     types must still be validated."""
     with pytest.raises(ConfigError, match="strict: Input should be a valid boolean"):
         REWARDS.bind("integer", {"strict": "maybe"}, where="reward[0].options")
-    with pytest.raises(ConfigError, match="extract: Input should be 'first', 'last'"):
+    with pytest.raises(ConfigError, match="extract: Input should be 'first', 'first_result', 'last'"):
         REWARDS.bind("integer", {"extract": "middle"}, where="reward[0].options")
     with pytest.raises(ConfigError, match="digits: Input should be a valid integer"):
         TASKS.bind("arith", {"digits": "two"}, where="data.options")
