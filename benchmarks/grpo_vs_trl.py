@@ -169,9 +169,9 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from upslope.config import load_config
+    from upslope.data import task_default_reward
     from upslope.data.prompts import encode_prompts
     from upslope.models import load_tokenizer, resolve_model
-    from upslope.data import task_default_reward
     from upslope.rewards.builtin import integer_reward
 
     if a.engine == "vllm" and not a.trl_vllm_compile:
