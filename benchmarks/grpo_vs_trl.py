@@ -89,6 +89,7 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
 
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="bench-upslope-")
     cfg = load_config(None, upslope_overrides(a, run_dir))
+    reward_options = task_default_reward(cfg.data)[1]  # the same strict reward upslope's side trains on
     trainer = Trainer(cfg)
     learner = trainer.updater
     emit({"event": "meta", "framework": "upslope", "model_path": trainer.runtime.model_path,
@@ -168,6 +169,7 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from upslope.config import load_config
+    from upslope.data import task_default_reward
     from upslope.data.prompts import encode_prompts
     from upslope.models import load_tokenizer, resolve_model
     from upslope.rewards.builtin import integer_reward
@@ -188,7 +190,7 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
     def strict_first_integer(prompts: list, completions: list, completion_ids: list, answer: list,
                              **kwargs: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        out = [integer_reward(t, ans, {}, extract="first", strict=True) for t, ans in zip(texts, answer)]
+        out = [integer_reward(t, ans, {}, **reward_options) for t, ans in zip(texts, answer)]
         step_state["tokens"] += sum(len(ids) for ids in completion_ids)
         step_state["rewards"].extend(out)
         return out

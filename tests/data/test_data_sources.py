@@ -223,7 +223,7 @@ def test_arith_through_data_config():
     examples = load_examples(cfg)
     assert len(examples) == 7 and all(e.prompt.startswith("Q: What is ") for e in examples)
     assert [e.id for e in load_examples(cfg, default_split="test")][0] == "arith-test-0"
-    assert task_default_reward(cfg) == ("integer", {"extract": "first", "strict": True})
+    assert task_default_reward(cfg) == ("integer", {"extract": "first_result", "strict": True})
     from upslope.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data.options.cuont: unknown option for task 'arith'.*'count'"):

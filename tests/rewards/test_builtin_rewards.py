@@ -216,7 +216,7 @@ def test_user_reward_file_that_fails_to_import(tmp_path):
 
 def test_build_reward_fns_defaults_and_errors():
     [rf] = build_reward_fns([], DataConfig(task="arith"))
-    assert rf.name == "integer" and rf.fn.keywords == {"extract": "first", "strict": True}
+    assert rf.name == "integer" and rf.fn.keywords == {"extract": "first_result", "strict": True}
     with pytest.raises(ConfigError, match="no reward configured"):
         build_reward_fns([], DataConfig(path="x.jsonl"))
     with pytest.raises(ConfigError, match=r"reward\[0\].options.strictt: unknown option for reward 'integer'"):

@@ -34,7 +34,7 @@ def _data_file(path: str | None, *parts: str) -> Path:
     return p
 
 
-@TASKS.register("arith", reward="integer", reward_options={"extract": "first", "strict": True}, max_new_tokens=8)
+@TASKS.register("arith", reward="integer", reward_options={"extract": "first_result", "strict": True}, max_new_tokens=8)
 def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
           allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?") -> list[Example]:
     """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
