@@ -5,8 +5,13 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path | None:
-    """reward/mean and accuracy per step, eval accuracy as markers; None if matplotlib is missing."""
+Line = tuple[str, str, dict[str, Any]]  # (metric key, legend label, style keywords; "fmt": e.g. "o-")
+
+
+def plot_curves(records: list[dict[str, Any]], out: Path, lines: list[Line], title: str = "",
+                ylabel: str | None = None) -> Path | None:
+    """One curve per (key, label, style) over the records that hold the key, on a [0, 1] axis;
+    None if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -14,18 +19,16 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path 
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    train = [r for r in records if "reward/mean" in r]
-    evals = [r for r in records if "eval/accuracy" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
-    if train:
-        ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (mean)", lw=1.2)
-        if all("accuracy" in r for r in train) and any(r["accuracy"] != r["reward/mean"] for r in train):
-            ax.plot([r["step"] for r in train], [r["accuracy"] for r in train], label="train accuracy", lw=0.8,
-                    alpha=0.6)
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", color="black",
-                label="held-out accuracy (greedy)")
+    for key, label, style in lines:
+        rows = [r for r in records if key in r]
+        if rows:
+            kw = {k: v for k, v in style.items() if k != "fmt"}
+            fmt = (style["fmt"],) if "fmt" in style else ()
+            ax.plot([r["step"] for r in rows], [r[key] for r in rows], *fmt, label=label, **kw)
     ax.set_xlabel("step")
+    if ylabel:
+        ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -34,3 +37,13 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path | None:
+    """reward/mean and accuracy per step, eval accuracy as markers; None if matplotlib is missing."""
+    train = [r for r in records if "reward/mean" in r]
+    lines: list[Line] = [("reward/mean", "train reward (mean)", {"lw": 1.2})]
+    if train and all("accuracy" in r for r in train) and any(r["accuracy"] != r["reward/mean"] for r in train):
+        lines.append(("accuracy", "train accuracy", {"lw": 0.8, "alpha": 0.6}))
+    lines.append(("eval/accuracy", "held-out accuracy (greedy)", {"fmt": "o-", "color": "black"}))
+    return plot_curves(records, out, lines, title)

@@ -21,6 +21,7 @@ from upslope.batch import Batch
 from upslope.data.pairs import PreferencePair, load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, DataError
+from upslope.logs.plot import plot_curves
 from upslope.logs.sinks import read_metrics
 from upslope.models import load_tokenizer, resolve_model
 from upslope.train.learner.objectives import BradleyTerryObjective, pair_metrics
@@ -202,29 +203,8 @@ class RMTrainer(BaseTrainer):
             self.held_out = state["rm_held_out"]
 
 
-
 def plot_pairwise(records: list[dict[str, Any]], out: Path, title: str) -> Path | None:
     """Pairwise accuracy per step: on each step's training pairs (before its update) and on the held-out pairs."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    train = [r for r in records if "rm/accuracy" in r]
-    held = [r for r in records if "eval/rm_accuracy" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in train], [r["rm/accuracy"] for r in train], label="training pairs", lw=1.0, alpha=0.7)
-    ax.plot([r["step"] for r in held], [r["eval/rm_accuracy"] for r in held], "o-", color="black",
-            label="held-out pairs")
-    ax.set_xlabel("step")
-    ax.set_ylabel("pairwise accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return plot_curves(records, out, [("rm/accuracy", "training pairs", {"lw": 1.0, "alpha": 0.7}),
+                                      ("eval/rm_accuracy", "held-out pairs", {"fmt": "o-", "color": "black"})],
+                       title, ylabel="pairwise accuracy")
