@@ -1,0 +1,98 @@
+"""Config sections of the commands besides `upslope train`'s RL loop: sft, rft, dpo, rm, distill,
+and the sharded learner (`dist`)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from upslope.config_base import Plugin, Section, opt
+
+
+class PairFileConfig(Section):
+    """Where preference pairs come from when they are read from a file (dpo and rm)."""
+
+    path: str | None = opt(None, "source=dataset: JSONL / Parquet file or HF dataset directory of pairs")
+    split: str | None = opt(None, "split of an HF dataset directory")
+    prompt_field: str = opt("prompt", "field holding the prompt (text or chat messages)")
+    chosen_field: str = opt("chosen", "field holding the preferred reply (text, or messages ending with it)")
+    rejected_field: str = opt("rejected", "field holding the dispreferred reply (text, or messages ending with it)")
+    limit: int | None = opt(None, "use only the first N pairs of the file", ge=1)
+    shuffle: bool = opt(True, "shuffle the file's pairs each epoch (seeded)")
+
+
+class DistillConfig(Section):
+    """On-policy distillation (`upslope distill`): the student samples, a teacher scores the same tokens."""
+
+    teacher: str | None = opt(None, "teacher: model name/path/.gguf, a checkpoint RUN/checkpoints/step_N, a run "
+                                    "directory (its latest checkpoint), or 'self' (the student's starting weights)")
+    teacher_gguf_file: str | None = opt(None, "GGUF file name inside `teacher` when it is a directory of GGUF files")
+    teacher_temperature: float = opt(1.0, "temperature of the teacher's distribution (self-distillation: TS-OPSD "
+                                          "reheats with > 1)", gt=0)
+    loss: Plugin = opt(Plugin(name="sampled_rkl"), "distillation loss (registry: distill_loss): sampled_rkl, "
+                                                   "topk_rkl, forward_ce, mix (its options: the weights)",
+                    registry="distill_loss")
+    top_k: int = opt(20, "teacher's most likely tokens kept per position (top-k losses and metrics)", ge=1)
+    log_reward: bool = opt(True, "score the student's samples with the task reward (logged, not trained on)")
+
+
+class SFTConfig(Section):
+    """`upslope sft`: supervised fine-tuning on data.path (chats via data.messages_field, or
+    data.prompt_field + response_field); the loss covers assistant tokens only."""
+
+    batch_size: int = opt(8, "conversations per optimiser step", ge=1)
+    dft: bool = opt(False, "DFT: weight each token's NLL by its detached probability (sft and rft)")
+    response_field: str = opt("response", "field holding the reply in prompt/response rows")
+    epochs: float | None = opt(None, "when set, train.steps = ceil(epochs x conversations / batch_size)", gt=0)
+    max_tokens: int = opt(2048, "longer conversations are an error (or dropped with drop_long)", ge=2)
+    drop_long: bool = opt(False, "drop conversations over max_tokens instead of failing")
+
+
+class RFTConfig(Section):
+    """`upslope rft` (rejection-sampling fine-tuning / expert iteration): each train step is a
+    round: rollout.n samples for prompts_per_round prompts, keep reward >= threshold,
+    fine-tune on them with the SFT loss."""
+
+    prompts_per_round: int = opt(64, "prompts sampled per round", ge=1)
+    threshold: float = opt(1.0, "keep completions whose combined reward is >= this")
+    dedupe: bool = opt(True, "keep identical completions of a prompt once")
+    max_per_prompt: int | None = opt(None, "keep at most this many completions per prompt (None: all)", ge=1)
+    epochs: int = opt(1, "passes over the kept samples per round", ge=1)
+    batch_size: int = opt(16, "kept samples per optimiser step (mini-batches of whole prompt groups)", ge=1)
+    write_samples: bool = opt(True, "append kept samples to RUN/rft_samples.jsonl (a chat dataset for upslope sft)")
+
+
+class DPOConfig(PairFileConfig):
+    """Preference optimisation (`upslope dpo`): DPO, IPO or SimPO on pairs from a file or from
+    the policy's own samples scored by the reward(s)."""
+
+    loss: Plugin = opt(Plugin(name="sigmoid"), "preference loss (registry: preference_loss): sigmoid (DPO), "
+                       "ipo, simpo; options: beta, label_smoothing (sigmoid, simpo), gamma (simpo)",
+                       registry="preference_loss")
+    source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's own samples (best vs "
+                                                  "worst of a group, by the reward) or from the file dpo.path")
+    pairs_per_step: int = opt(16, "pairs per step; on_policy: rollout rounds of rollout.prompts_per_step prompts "
+                                  "(at most 1 + rollout.max_resample_rounds) until this many are built", ge=1)
+class RMConfig(PairFileConfig):
+    """Reward-model training (`upslope rm`): a scalar head on a causal LM, Bradley-Terry loss on
+    preference pairs from a file or from the policy's own samples labelled by the reward(s)."""
+
+    source: Literal["on_policy", "dataset"] = opt("on_policy", "pairs from the policy's samples (rollout.n per "
+                                                  "prompt; a rewarded vs an unrewarded completion) or from rm.path")
+    model: str | None = opt(None, "model the reward model starts from (default: model.name; same tokenizer)")
+    margin: float = opt(0.0, "Bradley-Terry margin: loss = -log sigmoid(r_chosen - r_rejected - margin)")
+    pairs_per_step: int = opt(16, "pairs per optimiser step (on_policy: up to 1 + rollout.max_resample_rounds "
+                                  "rollout rounds of rollout.prompts_per_step prompts)", ge=1)
+    eval_pairs: int = opt(64, "held-out pairs for pairwise accuracy (dataset: the file's last N, unless "
+                              "rm.eval_path; on_policy: built once from the evaluation prompts)", ge=1)
+    eval_path: str | None = opt(None, "dataset: a separate file of held-out pairs (default: the last rm.eval_pairs "
+                                      "pairs of rm.path)")
+
+
+class DistConfig(Section):
+    """The sharded learner: N learner processes (torch.distributed); rank 0 also owns the engine and data."""
+    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: `upslope train` spawns N "
+                                "ranks on this machine, or set by torchrun's WORLD_SIZE)", ge=1)
+    strategy: Literal["ddp", "fsdp"] = opt("fsdp", "ddp: every rank holds the whole model, gradients are summed; "
+                                                   "fsdp: FSDP2 fully_shard per decoder layer (parameters, gradients "
+                                                   "and optimiser state split across ranks)")
+    cpu_offload: bool = opt(False, "fsdp: keep the parameter shards and optimiser state in CPU memory (GPU runs)")
+    backend: Literal["auto", "gloo", "nccl"] = opt("auto", "collective backend (auto: nccl on GPUs, gloo on CPU)")
