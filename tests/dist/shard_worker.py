@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
-from upslope.batch import Batch, build_batch
+from batch_helpers import grouped_rl_batch
+
+from upslope.batch import Batch
 from upslope.config import load_config
 from upslope.dist import group
 from upslope.dist.shard import plain
@@ -20,19 +22,7 @@ STEPS = 3
 def rl_batch(groups: int = 4, n: int = 3) -> Batch:
     """Groups of `n` rows sharing a prompt, lengths varied (micro-batches of different sizes),
     advantages +a, -a, 0, ... (one group all 0: its rows are skipped)."""
-    gen = torch.Generator().manual_seed(0)
-    prompts, comps, gids = [], [], []
-    for g in range(groups):
-        prompt = torch.randint(5, 400, (3 + g % 3,), generator=gen).tolist()
-        for i in range(n):
-            prompts.append(prompt)
-            comps.append(torch.randint(5, 400, (2 + (g + i) % 5,), generator=gen).tolist())
-            gids.append(g)
-    b = build_batch(prompts, comps, [[-1.0] * len(c) for c in comps], gids, [False] * len(comps), pad_id=0)
-    signs = torch.tensor([1.0, -1.0] + [0.0] * (n - 2))
-    row_adv = torch.cat([a * signs for a in [1.0, 0.5, 0.0, -2.0][:groups]])
-    b.advantages = row_adv[:, None] * b.loss_mask
-    return b
+    return grouped_rl_batch([1.0, 0.5, 0.0, -2.0][:groups], n, seed=0, length_cycle=5)
 
 
 def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, RLObjective]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from upslope.batch import Batch, build_batch
+from batch_helpers import grouped_rl_batch
+
+from upslope.batch import Batch
 from upslope.config import load_config
 from upslope.train.learner.objectives import RLObjective, zero_advantage_rows
 from upslope.train.learner.updater import Updater
@@ -19,21 +21,8 @@ def rl_learner(cfg, path: str) -> Learner:
 
 
 def make_batch(advantages_per_group: list[float], n: int = 3, seed: int = 0) -> Batch:
-    """Groups of `n` rows; group g's prompt is shared by its rows and its rows get advantages
-    +a, -a, 0 ... (a group with a = 0 has no signal). Lengths vary so micro-batches differ."""
-    gen = torch.Generator().manual_seed(seed)
-    prompts, comps, gids = [], [], []
-    for g, _ in enumerate(advantages_per_group):
-        prompt = torch.randint(5, 400, (3 + g % 3,), generator=gen).tolist()
-        for i in range(n):
-            prompts.append(prompt)
-            comps.append(torch.randint(5, 400, (2 + (g + i) % 4,), generator=gen).tolist())
-            gids.append(g)
-    b = build_batch(prompts, comps, [[-1.0] * len(c) for c in comps], gids, [False] * len(comps), pad_id=0)
-    signs = torch.tensor([1.0, -1.0] + [0.0] * (n - 2))
-    row_adv = torch.cat([a * signs for a in advantages_per_group])
-    b.advantages = row_adv[:, None] * b.loss_mask
-    return b
+    """See batch_helpers.grouped_rl_batch."""
+    return grouped_rl_batch(advantages_per_group, n, seed)
 
 
 def learner_pair(tiny_model_path: str, *extra: str) -> tuple[Learner, Learner]:
