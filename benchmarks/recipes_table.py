@@ -1,7 +1,7 @@
 """Train every recipe for N steps on its default task and tabulate held-out accuracy at
 step 0 and step N, seconds per step, and each recipe's telling metric.
 
-    python benchmarks/recipes_table.py [--steps 30] [--recipes grpo dapo ...] [--out results/recipes.json]
+    python benchmarks/recipes_table.py [--steps 30] [--seed 0] [--recipes grpo dapo ...] [--out results/recipes.json]
 
 Each recipe runs in its own process (`upslope train`); step 0 accuracy is measured once
 (the base model is the same for every recipe).
@@ -33,9 +33,9 @@ def rl_recipes() -> list[str]:
     return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if rl(p))
 
 
-def run(recipe: str, steps: int, run_dir: Path, eval_before: bool) -> dict:
+def run(recipe: str, steps: int, run_dir: Path, eval_before: bool, seed: int = 0) -> dict:
     cmd = [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
-           f"train.steps={steps}", "train.eval_every=0", f"train.eval_before={str(eval_before).lower()}",
+           f"train.steps={steps}", f"train.seed={seed}", f"engine.seed={seed}", "train.eval_every=0", f"train.eval_before={str(eval_before).lower()}",
            f"run_dir={run_dir}", "log.progress=false", "log.tensorboard=false"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -45,7 +45,7 @@ def run(recipe: str, steps: int, run_dir: Path, eval_before: bool) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if "time/step" in r]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
-    out = {"recipe": recipe, "acc_before": evals.get(0), "acc_after": evals.get(steps),
+    out = {"recipe": recipe, "seed": seed, "acc_before": evals.get(0), "acc_after": evals.get(steps),
            "s_per_step": round(statistics.median(r["time/step"] for r in steps_rows), 2), "wall_s": round(wall, 1),
            "reward_first5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[:5]), 3),
            "reward_last5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[-5:]), 3)}
@@ -60,12 +60,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--recipes", nargs="*", default=rl_recipes(), help="default: every RL recipe (upslope train)")
+    ap.add_argument("--seed", type=int, default=0, help="train.seed and engine.seed of every run")
     ap.add_argument("--work", default="/tmp/upslope-recipes")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipes.json"))
     a = ap.parse_args()
     results = []
     for i, recipe in enumerate(a.recipes):
-        r = run(recipe, a.steps, Path(a.work) / recipe, eval_before=(i == 0))
+        r = run(recipe, a.steps, Path(a.work) / f"{recipe}-s{a.seed}", eval_before=(i == 0), seed=a.seed)
         results.append(r)
         print(json.dumps(r), flush=True)
     base = next((r["acc_before"] for r in results if r.get("acc_before") is not None), None)
