@@ -66,6 +66,22 @@ METHODS: dict[str, Claim] = {
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
                     "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
 }
+METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
+    "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
+                     "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
+    "sa_ah_grpo": Claim("sa_ah_grpo", "headroom", "eval/accuracy", "higher",
+                        "Selective-Advantage Entropy-Adaptive Horizon GRPO (SA-AH-GRPO)"),
+    "rredcot": Claim("rredcot", "headroom", "eval/accuracy", "higher",
+                     "RREDCoT: Segment-Level Reward Redistribution for Reasoning Models"),
+    "graphae": Claim("graphae", "headroom", "eval/accuracy", "higher",
+                     "Representation-Aware Advantage Estimation (GraphAE)"),
+    "consteer": Claim("consteer", "headroom", "eval/accuracy", "higher",
+                      "ConSteer-RL: Steering Reasoning Capabilities in LLMs via Confidence-Aware RL"),
+    "ispo": Claim("ispo", "headroom", "eval/accuracy", "higher",
+                  "Momentum for Reasoning: Dense Intrinsic Signals in Policy Optimization (ISPO)"),
+    "codapo": Claim("codapo", "headroom", "eval/accuracy", "higher",
+                    "The Easy, the Hard, and the Learnable: Confidence and Difficulty-Adaptive Policy Optimization"),
+})
 
 
 # ---------------------------------------------------------------- statistics
