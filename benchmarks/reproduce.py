@@ -81,6 +81,8 @@ METHODS.update({  # token credit and weighting (issue 21, part A): each against 
                   "Momentum for Reasoning: Dense Intrinsic Signals in Policy Optimization (ISPO)"),
     "codapo": Claim("codapo", "headroom", "eval/accuracy", "higher",
                     "The Easy, the Hard, and the Learnable: Confidence and Difficulty-Adaptive Policy Optimization"),
+    "paec": Claim("paec", "headroom", "eval/accuracy", "higher",
+                  "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
 })
 
 
