@@ -83,6 +83,8 @@ METHODS.update({  # token credit and weighting (issue 21, part A): each against 
                     "The Easy, the Hard, and the Learnable: Confidence and Difficulty-Adaptive Policy Optimization"),
     "paec": Claim("paec", "headroom", "eval/accuracy", "higher",
                   "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
+    "sr_ppo": Claim("sr_ppo", "headroom", "eval/pass@8", "higher",
+                    "Learning with a Single Rollout via Monte Carlo Pass@k Critic (SR-PPO)", PASS_AT_8),
 })
 
 

@@ -58,3 +58,31 @@ def test_paec_is_registered_for_token_stats_and_checks_inputs():
         paec(x, x, x, torch.ones(1, 2))  # without the learner's internals
     with pytest.raises(ConfigError):
         paec(x, x, x, torch.ones(1, 2), x, torch.zeros(1, 2, 3), top_p=0.0)
+
+
+def test_sr_ppo_reads_the_critic_as_pass_at_k_by_hand():
+    from upslope.algos.credit_critic import pass_at_k, sr_ppo
+    from upslope.batch import build_batch
+
+    b = build_batch([[7]], [[5, 6]], [[-0.1, -0.1]], [0], [False], pad_id=0)
+    b.rewards, b.values = torch.tensor([1.0]), torch.tensor([[0.0, 0.5, 0.2]])
+    # k = 2: g(0.5) = 0.75, g(0.2) = 0.36, the terminal g(1) = 1
+    adv, ret = sr_ppo(b, k=2, lam=0.0)
+    assert adv[0, 1:].tolist() == pytest.approx([0.36 - 0.75, 1 - 0.36], rel=1e-5) and adv[0, 0] == 0
+    assert ret.tolist() == [[0.0, 1.0, 1.0]]  # the critic's target: the outcome, pass@1
+    mc, _ = sr_ppo(b, k=2, lam=1.0)
+    assert mc[0, 1:].tolist() == pytest.approx([1 - 0.75, 1 - 0.36], rel=1e-5)
+    assert pass_at_k(torch.tensor([0.0, 1.0, 1.5]), 8).tolist() == [0.0, 1.0, 1.0]
+    with pytest.raises(ConfigError):
+        sr_ppo(b, k=0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0, 1), st.floats(0, 1), st.integers(1, 16))
+def test_pass_at_k_stretches_credit_where_success_is_marginal(p, q, k):
+    from upslope.algos.credit_critic import pass_at_k
+
+    lo, hi = sorted([p, q])
+    g = pass_at_k(torch.tensor([lo, hi], dtype=torch.float64), k)
+    assert g[0] <= g[1] + 1e-12 and bool(((g >= 0) & (g <= 1)).all())
+    assert g[1] - g[0] >= (hi - lo) * (1 - hi) ** (k - 1) * k - 1e-9  # slope >= g'(hi) (concave)
