@@ -150,7 +150,7 @@ _BUILTINS_LOADED = False
 BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
                    "upslope.rollout.hf", "upslope.rollout.vllm", "upslope.train.stages", "upslope.agents")
 BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
-                    "upslope.algos.credit_critic")  # token credit (issue 21, part A)
+                    "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)
 
 
 def load_builtins() -> None:
