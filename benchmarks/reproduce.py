@@ -85,6 +85,12 @@ METHODS.update({  # token credit and weighting (issue 21, part A): each against 
                   "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
     "sr_ppo": Claim("sr_ppo", "headroom", "eval/pass@8", "higher",
                     "Learning with a Single Rollout via Monte Carlo Pass@k Critic (SR-PPO)", PASS_AT_8),
+    "flowtracer": Claim("flowtracer", "headroom", "eval/accuracy", "higher",
+                        "How Does Reasoning Flow? Tracing Attention-Induced Information Flow for Targeted RL (FlowTracer)"),
+    "grail": Claim("grail", "headroom", "eval/accuracy", "higher",
+                   "GRAIL: Gradient-Reweighted Advantages for Reinforcement Learning with Verifiable Rewards"),
+    "arca": Claim("arca", "headroom_lora", "eval/accuracy", "higher",
+                  "ARCA: Adapter-Residual Credit Assignment When Token Signals Degenerate"),
 })
 
 

@@ -71,6 +71,7 @@ def grail(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5, ans
     answer_tokens: the answer region whose summed log-prob is differentiated (>= 1)
 
     Our choices: the activation is the input embedding, the saliency |grad . embedding| of the
-    answer region's log-prob. Costs a forward and a backward to the embeddings (no weight gradients).
+    answer region's log-prob; a rollout's last token, which no later prediction depends on, gets 0
+    (its share then comes from `mix`). Costs a forward and a backward to the embeddings (no weight gradients).
     """
     return _weighted(batch, salience, mix, "grail", answer_tokens)

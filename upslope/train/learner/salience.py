@@ -57,7 +57,7 @@ def adapter_residual(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
     from upslope.lora import is_adapted
 
     if not is_adapted(model):
-        raise ConfigError("advantage 'arca' reads the LoRA adapter's residual: set lora.enabled (lora.r > 0)")
+        raise ConfigError("advantage 'arca' reads the LoRA adapter's residual: set lora.enabled: true")
     kw = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_hidden_states=True,
               use_cache=False)
     adapted = model(**kw).hidden_states[-1].float()
