@@ -32,6 +32,11 @@ def flow_to_answer(attn: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _body(model: Any) -> Any:
+    """The decoder without its LM head: no vocabulary-sized logits for passes that need none."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
 def _shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
     """A value about the state at position t - 1 (the one that chooses token t) placed at t."""
     return torch.cat([torch.zeros_like(per_position[:, :1]), per_position[:, :-1]], dim=1)
@@ -43,8 +48,8 @@ def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # sdpa and flash kernels return no attention maps
     try:
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_attentions=True,
-                    use_cache=False)
+        out = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_attentions=True,
+                           use_cache=False)
     finally:
         model.set_attn_implementation(impl)
     attn = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)  # [N, L, L]
@@ -58,11 +63,10 @@ def adapter_residual(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
 
     if not is_adapted(model):
         raise ConfigError("advantage 'arca' reads the LoRA adapter's residual: set lora.enabled: true")
-    kw = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_hidden_states=True,
-              use_cache=False)
-    adapted = model(**kw).hidden_states[-1].float()
+    kw = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    adapted = _body(model)(**kw).last_hidden_state.float()
     with model.disable_adapter():
-        base = model(**kw).hidden_states[-1].float()
+        base = _body(model)(**kw).last_hidden_state.float()
     return _shift_to_tokens((adapted - base).norm(dim=-1))
 
 
@@ -70,11 +74,12 @@ def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor
     """GRAIL: |gradient x input| of the answer's summed log-prob at each input embedding (the weights'
     gradients are not touched: autograd.grad to the embeddings only)."""
     emb = model.get_input_embeddings()(mb.input_ids).detach().requires_grad_(True)
+    rows, cols = torch.nonzero(answer_region(mb.loss_mask, answer_tokens)[:, 1:], as_tuple=True)
     with torch.enable_grad():
-        logits = model(inputs_embeds=emb, attention_mask=mb.attention_mask.long(), use_cache=False).logits.float()
-        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
-        target = (lp * answer_region(mb.loss_mask, answer_tokens)[:, 1:]).sum()
-        (grad,) = torch.autograd.grad(target, emb)
+        h = _body(model)(inputs_embeds=emb, attention_mask=mb.attention_mask.long(), use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(h[rows, cols]).float()  # only the answer's predicting states
+        lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[rows, cols + 1, None])
+        (grad,) = torch.autograd.grad(lp.sum(), emb)
     return (grad * emb).sum(-1).abs().detach()
 
 
