@@ -3,7 +3,7 @@ scoring pass, in tokens/s on the same batch: the extra work a salience-weighted 
 
     python benchmarks/salience_cost.py [--model smollm2-135m-instruct] [--rows 32] [--prompt 24] [--completion 8]
 
-Prints one JSON line per pass (median of --repeats timings) and the ratio to plain scoring.
+Prints one JSON line per pass (median of --repeats interleaved rounds) and the ratio to plain scoring.
 """
 from __future__ import annotations
 
@@ -22,15 +22,17 @@ from upslope.train.learner.salience import token_salience
 from upslope.train.learner.updater import Updater
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `repeats` calls after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+def interleaved(passes: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each pass over `repeats` rounds, the passes interleaved within each round (so a
+    change of load on a shared CPU hits every pass alike), after one warm-up round."""
+    times: dict[str, list[float]] = {name: [] for name in passes}
+    for r in range(repeats + 1):
+        for name, fn in passes.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main() -> None:
@@ -49,16 +51,15 @@ def main() -> None:
     batch = build_batch(prompts, comps, [[-1.0] * args.completion] * n, list(range(n)), [False] * n, pad_id=0)
     tokens = n * (args.prompt + args.completion)
     with tempfile.TemporaryDirectory() as run_dir:
-        results = {}
+        passes = {}
         for lora in (False, True):
             cfg = load_config(None, [f"model.name={path}", f"run_dir={run_dir}", "train.precision=float32",
                                      f"lora.enabled={str(lora).lower()}"])
             up = Updater.from_config(cfg, path, "cpu")
-            passes = {"plain_lora" if lora else "plain": lambda: up.score(batch, temperature=1.0)}
+            passes["plain_lora" if lora else "plain"] = lambda up=up: up.score(batch, temperature=1.0)
             for source in (("adapter_residual",) if lora else ("attention_flow", "gradient")):
-                passes[source] = lambda s=source: token_salience(up, batch, s, 3)
-            for name, fn in passes.items():
-                results[name] = timed(fn, args.repeats)
+                passes[source] = lambda s=source, up=up: token_salience(up, batch, s, 3)
+        results = interleaved(passes, args.repeats)
         for name, sec in results.items():
             base = results["plain_lora" if name in ("adapter_residual", "plain_lora") else "plain"]
             print(json.dumps({"pass": name, "seconds": round(sec, 3), "tokens_per_s": round(tokens / sec, 1),
