@@ -66,6 +66,32 @@ METHODS: dict[str, Claim] = {
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
                     "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
 }
+METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
+    "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
+                     "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
+    "sa_ah_grpo": Claim("sa_ah_grpo", "headroom", "eval/accuracy", "higher",
+                        "Selective-Advantage Entropy-Adaptive Horizon GRPO (SA-AH-GRPO)"),
+    "rredcot": Claim("rredcot", "headroom", "eval/accuracy", "higher",
+                     "RREDCoT: Segment-Level Reward Redistribution for Reasoning Models"),
+    "graphae": Claim("graphae", "headroom", "eval/accuracy", "higher",
+                     "Representation-Aware Advantage Estimation (GraphAE)"),
+    "consteer": Claim("consteer", "headroom", "eval/accuracy", "higher",
+                      "ConSteer-RL: Steering Reasoning Capabilities in LLMs via Confidence-Aware RL"),
+    "ispo": Claim("ispo", "headroom", "eval/accuracy", "higher",
+                  "Momentum for Reasoning: Dense Intrinsic Signals in Policy Optimization (ISPO)"),
+    "codapo": Claim("codapo", "headroom", "eval/accuracy", "higher",
+                    "The Easy, the Hard, and the Learnable: Confidence and Difficulty-Adaptive Policy Optimization"),
+    "paec": Claim("paec", "headroom", "eval/accuracy", "higher",
+                  "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
+    "sr_ppo": Claim("sr_ppo", "headroom", "eval/pass@8", "higher",
+                    "Learning with a Single Rollout via Monte Carlo Pass@k Critic (SR-PPO)", PASS_AT_8),
+    "flowtracer": Claim("flowtracer", "headroom", "eval/accuracy", "higher",
+                        "How Does Reasoning Flow? Tracing Attention-Induced Information Flow for Targeted RL (FlowTracer)"),
+    "grail": Claim("grail", "headroom", "eval/accuracy", "higher",
+                   "GRAIL: Gradient-Reweighted Advantages for Reinforcement Learning with Verifiable Rewards"),
+    "arca": Claim("arca", "headroom_lora", "eval/accuracy", "higher",
+                  "ARCA: Adapter-Residual Credit Assignment When Token Signals Degenerate"),
+})
 
 
 # ---------------------------------------------------------------- statistics

@@ -61,3 +61,35 @@ def token_tensors(draw, max_rows: int = 4, max_len: int = 6):
     adv = torch.randn(n, L, generator=g, dtype=torch.float64)
     mask = (torch.rand(n, L, generator=g) < 0.75).to(torch.float64)
     return lp, old, adv, mask
+
+
+def bind_loss(name: str, options: dict | None = None):
+    """A policy loss bound with its options, called as the RL objective calls it: a `token_stats` loss
+    also gets the forward's entropy (0.2 nats everywhere) and a uniform top-k (its `top_k` trait)."""
+    import math
+
+    from upslope.registry import POLICY_LOSSES
+
+    fn, attrs = POLICY_LOSSES.bind(name, options), POLICY_LOSSES.get(name).attrs
+    if not attrs.get("token_stats"):
+        return fn
+    k = int(attrs.get("top_k", 2))
+
+    def with_stats(lp, old, adv, mask, **kw):
+        stats = {"entropy": torch.full_like(lp, 0.2), "topk_logprobs": torch.full((*lp.shape, k), -math.log(k))}
+        return fn(lp, old, adv, mask, **stats, **kw)
+
+    return with_stats
+
+
+def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
+    """An advantage estimator called as the RL trainer calls it: one declaring a `salience` source also
+    gets a random non-negative per-token salience."""
+    import functools
+
+    from upslope.registry import ADVANTAGES
+
+    fn = ADVANTAGES.bind(name)
+    if ADVANTAGES.get(name).attrs.get("salience"):
+        fn = functools.partial(fn, salience=torch.rand(batch.input_ids.shape, generator=generator))
+    return fn

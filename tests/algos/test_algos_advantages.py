@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from algos_strategies import batches, make_batch, sample_values
+from algos_strategies import batches, bind_advantage, make_batch, sample_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,7 +132,7 @@ def test_every_estimator_is_zero_off_the_loss_mask(b, seed):
     b.values = torch.randn(b.input_ids.shape, generator=g)
     b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g)}
     for name in ADVANTAGES.names():
-        adv = ADVANTAGES.bind(name)(b)
+        adv = bind_advantage(name, b, g)(b)
         if ADVANTAGES.get(name).attrs.get("critic"):
             adv, ret = adv
             assert torch.all(ret[b.loss_mask == 0] == 0) and torch.isfinite(ret).all(), name

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algos_strategies import make_batch, sample_values
+from algos_strategies import bind_loss, make_batch, sample_values
 
 from upslope.algos.advantages import dr_grpo, gdpo, grpo, reinforce_pp, rloo
 from upslope.algos.common import masked_whiten, reward_to_go
@@ -142,7 +142,7 @@ def test_every_policy_loss_stays_finite_at_extreme_log_ratios(x):
             options = [{"clamp": "sequence"}, {"clamp": "token"}] if name == "gspo" else [{}]
             for opts in options:
                 lp.grad = None
-                loss, metrics = POLICY_LOSSES.bind(name, opts)(lp, old, adv, mask)
+                loss, metrics = bind_loss(name, opts)(lp, old, adv, mask)
                 loss.sum().backward()
                 assert torch.isfinite(loss).all() and torch.isfinite(lp.grad).all(), (name, opts, x)
                 assert all(torch.isfinite(torch.as_tensor(v)).all() for v in metrics.values()), (name, opts, x)

@@ -123,6 +123,10 @@ class RLObjective(Objective):
         self.dual = DualController(d.init, d.lr, d.tolerance) if d is not None else None
         self.policy_loss = POLICY_LOSSES.bind(algo.policy_loss.name, algo.policy_loss.options,
                                               where="algo.policy_loss.options")
+        loss_attrs = POLICY_LOSSES.get(algo.policy_loss.name).attrs  # token_stats: entropy, top-k from this forward
+        self.token_stats, self.top_k = bool(loss_attrs.get("token_stats")), int(loss_attrs.get("top_k", 0))
+        self.entropy_grad = self.entropy_grad or self.token_stats
+        self.stats: dict[str, torch.Tensor] = {}
         self.one_pass = not several_passes(train)
         self.constant = algo.loss_agg_constant or float(max_new_tokens)
         self.kl_in_loss = self.uses_reference and algo.kl_in == "loss"
@@ -213,11 +217,20 @@ class RLObjective(Objective):
     def skip_rows(self, mini: Batch) -> torch.Tensor:
         return zero_advantage_rows(mini)
 
+    def micro_step(self, updater: "Updater", mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics, float | None]:
+        """The default forward; a `token_stats` policy loss also gets this forward's entropy and top-k log-probs."""
+        if not self.token_stats:
+            return super().micro_step(updater, mb, norms)
+        out = updater.forward(updater.model, mb, temperature=self.temperature, entropy_grad=True, top_k=self.top_k)
+        self.stats = {"entropy": out.entropy, "topk_logprobs": out.topk_logprobs}
+        loss, metrics = self.loss(out.logprobs, out.entropy, mb, norms, out.gathered)
+        return loss, metrics, float((out.entropy.detach() * mb.loss_mask).sum())
+
     def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
              gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
         algo, mask = self.algo, mb.loss_mask
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
-        per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask)
+        per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask, **self.stats)
         metrics = dict(metrics)
         if algo.correction is not None:
             c = algo.correction

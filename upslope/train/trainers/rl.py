@@ -99,12 +99,29 @@ class Trainer(BaseTrainer):
             metrics["kl"] = kl
         if self.critic is not None:
             batch = stages.values_and_returns(batch, self.critic.values(batch))
-        batch = stages.advantage(batch, self.advantage_fn)
+        batch = stages.advantage(batch, self.with_salience(batch, metrics))
         metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
         if self.replay is not None:
             batch, replayed = self.replay.mix(batch, step, self.runtime.tokenizer.pad_token_id)
             metrics.update(replayed)
         return batch
+
+    def with_salience(self, batch: Batch, metrics: dict[str, Any]) -> Any:
+        """The advantage estimator, given the policy's per-token salience when it declares a
+        `salience` source (FlowTracer, ARCA, GRAIL: one extra pass, its seconds in the metrics)."""
+        source = ADVANTAGES.get(self.cfg.algo.advantage.name).attrs.get("salience")
+        if not source:
+            return self.advantage_fn
+        import functools
+        import time
+
+        from upslope.train.learner.salience import token_salience
+
+        t0 = time.perf_counter()
+        answer = int(self.cfg.algo.advantage.options.get("answer_tokens", 3))
+        salience = token_salience(self.updater, batch, source, answer)
+        metrics["salience/seconds"] = time.perf_counter() - t0
+        return functools.partial(self.advantage_fn, salience=salience)
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)

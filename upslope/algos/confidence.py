@@ -1,0 +1,93 @@
+"""Advantages shaped by the policy's own confidence (issue 21, part A): ConSteer-RL, ISPO, CoDaPO.
+
+Confidence comes from the sampler's log-probs of the sampled tokens (`batch.sampler_logprobs`), in
+every batch at no cost: a rollout's confidence is its geometric-mean token probability
+exp(mean log p) in (0, 1]. "Correct" is reward >= `threshold` (the verifier's 0/1 on our tasks).
+"""
+import torch
+from torch import Tensor
+
+from upslope.algos.common import broadcast_to_tokens, group_moments, group_normalize, masked_mean
+from upslope.algos.credit import grpo_per_sample
+from upslope.batch import Batch
+from upslope.errors import ConfigError
+from upslope.registry import ADVANTAGES
+
+
+def sequence_confidence(batch: Batch) -> Tensor:
+    """exp(mean log p of the trained tokens) per sample [N], float64 (1 for a row with none)."""
+    return torch.exp(masked_mean(batch.sampler_logprobs.to(torch.float64), batch.loss_mask, dim=1))
+
+
+def _correct(batch: Batch, threshold: float, who: str) -> Tensor:
+    if batch.rewards is None:
+        raise ConfigError(f"advantage '{who}' needs batch.rewards (score the batch first)")
+    return (batch.rewards >= threshold).to(torch.float64)
+
+
+@ADVANTAGES.register("consteer", grouped=True)
+def consteer(batch: Batch, *, beta: float = 0.5, threshold: float = 0.5) -> Tensor:
+    """ConSteer-RL (Miao et al. 2026): GRPO on r + beta x c for a correct rollout and r - beta x c for a wrong one.
+
+    beta: weight of the confidence term (>= 0; 0 is GRPO)
+    threshold: a reward >= this counts as correct
+
+    c is the rollout's geometric-mean token probability. The shaped reward pays confident right
+    answers and penalises confident wrong ones most; its form (additive, signed by correctness) is
+    our choice. It breaks ties: an all-correct group now prefers its more confident rollouts.
+    """
+    if beta < 0:
+        raise ConfigError(f"consteer beta must be >= 0 (got {beta})")
+    sign = 2 * _correct(batch, threshold, "consteer") - 1
+    assert batch.rewards is not None  # checked by _correct
+    shaped = batch.rewards.to(torch.float64) + beta * sign * sequence_confidence(batch)
+    return broadcast_to_tokens(group_normalize(shaped, batch.group_ids).float(), batch.loss_mask)
+
+
+@ADVANTAGES.register("ispo", grouped=True)
+def ispo(batch: Batch, *, beta: float = 0.5, tau: float = 0.9, threshold: float = 0.5) -> Tensor:
+    """ISPO (Chen et al. 2026), token part: GRPO minus beta x max(0, p_t - tau) on the tokens of wrong rollouts.
+
+    beta: weight of the hallucinated-certainty hinge (>= 0; 0 is GRPO)
+    tau: probability above which a token of a wrong rollout counts as confidently wrong (0..1)
+    threshold: a reward >= this counts as correct
+
+    The hinge is dense: a wrong rollout in an all-wrong group still gets a gradient away from its
+    confident tokens. ISPO's sequence-level informativeness signal (how much the reasoning raises the
+    answer's probability) needs a second forward without the reasoning, and our task's replies are
+    the answer alone, so it is not implemented; which tokens are "critical decisions" is open in the
+    abstract, and we apply the hinge to every token above tau.
+    """
+    if beta < 0 or not 0 <= tau < 1:
+        raise ConfigError(f"ispo needs beta >= 0 and 0 <= tau < 1 (got {beta}, {tau})")
+    wrong = 1 - _correct(batch, threshold, "ispo")
+    p = batch.sampler_logprobs.to(torch.float64).exp()
+    hinge = (p - tau).clamp(min=0) * wrong[:, None] * (batch.loss_mask > 0)
+    adv = broadcast_to_tokens(grpo_per_sample(batch, "ispo"), batch.loss_mask).to(torch.float64)
+    return (adv - beta * hinge).float()
+
+
+def codapo_weights(batch: Batch, *, w_min: float, w_max: float, threshold: float) -> Tensor:
+    """Per-sample question weight [N]: w_min + (w_max - w_min) x 4p(1 - p) x (1 - c), p the group's pass
+    rate and c its mean rollout confidence."""
+    p = group_moments(_correct(batch, threshold, "codapo"), batch.group_ids)[0]
+    c = group_moments(sequence_confidence(batch), batch.group_ids)[0]
+    return w_min + (w_max - w_min) * 4 * p * (1 - p) * (1 - c)
+
+
+@ADVANTAGES.register("codapo", grouped=True)
+def codapo(batch: Batch, *, w_min: float = 0.5, w_max: float = 2.0, threshold: float = 0.5) -> Tensor:
+    """CoDaPO (Zhou et al. 2026): each question's GRPO advantage x a bounded weight from pass rate and confidence.
+
+    w_min: weight of a question with nothing to learn (solved or unsolved by all, or fully confident)
+    w_max: weight of the most learnable question (pass rate 1/2, confidence 0); w_min <= w_max
+    threshold: a reward >= this counts as correct
+
+    The value 4p(1 - p)(1 - c) (learnable band x room left by confidence inflation) is our choice;
+    the abstract gives only its inputs and that it is bounded. CoDaPO's resampling of high-value
+    questions within mini-batches is not implemented here (a sampler's job: see CERO).
+    """
+    if not 0 <= w_min <= w_max:
+        raise ConfigError(f"codapo needs 0 <= w_min <= w_max (got {w_min}, {w_max})")
+    w = codapo_weights(batch, w_min=w_min, w_max=w_max, threshold=threshold)
+    return broadcast_to_tokens((grpo_per_sample(batch, "codapo") * w).float(), batch.loss_mask)

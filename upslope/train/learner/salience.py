@@ -1,0 +1,103 @@
+"""Per-token salience from the policy's internals, for the salience-weighted advantages (FlowTracer,
+ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage.
+
+Each returns [N, L] >= 0, aligned to tokens (the value at t is about choosing token t) and 0 off
+the trained tokens. The answer region is each row's last `answer_tokens` trained tokens.
+Costs (extra forward, attention maps, a backward to the inputs) are measured in docs/methods.md.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from upslope.batch import Batch
+from upslope.errors import ConfigError
+
+
+def answer_region(mask: torch.Tensor, answer_tokens: int) -> torch.Tensor:
+    """[N, L] bool: each row's last `answer_tokens` trained tokens."""
+    on = mask > 0
+    from_end = on.flip(1).long().cumsum(1).flip(1)  # trained tokens at or after t
+    return on & (from_end <= answer_tokens)
+
+
+def flow_to_answer(attn: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Attention flow [N, L] into the answer: x_j = [j in answer] + sum_{i > j} x_i A[i, j], A row-stochastic
+    ([N, L, L], row i = what token i attends to). Mass only moves along paths that reach the answer, and
+    each token passes on exactly what it receives (its attention row sums to 1): flow is conserved."""
+    x = answer.to(attn.dtype).clone()
+    for j in range(attn.shape[1] - 2, -1, -1):
+        x[:, j] = x[:, j] + (x[:, j + 1:] * attn[:, j + 1:, j]).sum(-1)
+    return x
+
+
+def _body(model: Any) -> Any:
+    """The decoder without its LM head: no vocabulary-sized logits for passes that need none."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
+def _shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
+    """A value about the state at position t - 1 (the one that chooses token t) placed at t."""
+    return torch.cat([torch.zeros_like(per_position[:, :1]), per_position[:, :-1]], dim=1)
+
+
+@torch.no_grad()
+def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """FlowTracer's throughput: flow into the answer over the attention DAG (mean over layers and heads)."""
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # sdpa and flash kernels return no attention maps
+    try:
+        out = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_attentions=True,
+                           use_cache=False)
+    finally:
+        model.set_attn_implementation(impl)
+    attn = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)  # [N, L, L]
+    return flow_to_answer(attn, answer_region(mb.loss_mask, answer_tokens))
+
+
+@torch.no_grad()
+def adapter_residual(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """ARCA: ||h_adapted - h_base|| of the last hidden state that chooses each token (LoRA on and off)."""
+    from upslope.lora import is_adapted
+
+    if not is_adapted(model):
+        raise ConfigError("advantage 'arca' reads the LoRA adapter's residual: set lora.enabled: true")
+    kw = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    adapted = _body(model)(**kw).last_hidden_state.float()
+    with model.disable_adapter():
+        base = _body(model)(**kw).last_hidden_state.float()
+    return _shift_to_tokens((adapted - base).norm(dim=-1))
+
+
+def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """GRAIL: |gradient x input| of the answer's summed log-prob at each input embedding (the weights'
+    gradients are not touched: autograd.grad to the embeddings only)."""
+    emb = model.get_input_embeddings()(mb.input_ids).detach().requires_grad_(True)
+    rows, cols = torch.nonzero(answer_region(mb.loss_mask, answer_tokens)[:, 1:], as_tuple=True)
+    with torch.enable_grad():
+        h = _body(model)(inputs_embeds=emb, attention_mask=mb.attention_mask.long(), use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(h[rows, cols]).float()  # only the answer's predicting states
+        lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[rows, cols + 1, None])
+        (grad,) = torch.autograd.grad(lp.sum(), emb)
+    return (grad * emb).sum(-1).abs().detach()
+
+
+SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
+    "attention_flow": attention_flow, "adapter_residual": adapter_residual, "gradient": gradient_saliency}
+
+
+def token_salience(updater: Any, batch: Batch, source: str, answer_tokens: int) -> torch.Tensor:
+    """[N, L] salience of the batch's trained tokens from `source`, in the updater's micro-batches, on the CPU."""
+    fn = SOURCES[source]
+    out = torch.zeros(batch.input_ids.shape)
+    updater.model.eval()
+    try:
+        for idx in updater.micro_batches(batch):
+            mb = batch.select(idx).to(updater.device)
+            with updater.autocast():
+                sal = fn(updater.model, mb, answer_tokens)
+            out[torch.as_tensor(idx), :sal.shape[1]] = sal.float().cpu()
+    finally:
+        updater.model.train()
+    return out * batch.loss_mask
