@@ -158,7 +158,7 @@ class BaseTrainer:
                 pass
             return
         self.runtime.engine.update_weights(self.updater.named_weights())
-        release_freed_memory()
+        release_freed_memory(self.updater.device)
 
     # ------------------------------------------------------------------ run
 

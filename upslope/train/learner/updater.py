@@ -167,9 +167,10 @@ class Updater:
         [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
         model = self.model if model is None else model
         n, length = batch.input_ids.shape
-        lp, ent = torch.zeros(n, length), torch.zeros(n, length)
-        topk_lp = torch.zeros(n, length, top_k) if top_k else None
-        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long) if top_k else None
+        host = torch.device("cpu")  # the results are gathered on the host, micro-batch by micro-batch
+        lp, ent = torch.zeros(n, length, device=host), torch.zeros(n, length, device=host)
+        topk_lp = torch.zeros(n, length, top_k, device=host) if top_k else None
+        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long, device=host) if top_k else None
         self.model.eval()  # scoring: no dropout (LoRA's included)
         try:
             for idx in self.micro_batches(batch):
