@@ -164,16 +164,17 @@ class TrainConfig(Section):
     micro_batch_tokens: Annotated[int, Field(ge=16)] | Literal["auto"] = opt(
         "auto", "token budget (rows x longest row) of one forward/backward: bounds activation memory (without "
                 "grad_checkpointing ~0.45 MiB a token for a 135M model in bf16; auto: 2048 on a CPU with >= 16 GiB, "
-                "less with less memory, 16384 on a GPU with >= 40 GiB)")
+                "less with less memory; on a GPU 256 a free GiB as a power of two in 2048..16384)")
     logprob_chunk: Annotated[int, Field(ge=1)] | Literal["auto"] = opt(
         "auto", "rows of hidden states per LM-head chunk (bounds logits memory; auto: 256 on a CPU, 128 under "
                 "8 GiB, 1024 on a big GPU)")
     precision: Literal["auto", "float32", "bfloat16"] = opt(
         "auto", "learner compute precision (auto: bfloat16 only where the CPU has native bf16 and a matmul "
                 "measured it faster, or a GPU has bf16 tensor cores; else float32; see upslope doctor and model.dtype)")
-    grad_checkpointing: bool = opt(True, "keep only each decoder layer's input for backward and run the layer again "
-                                         "there (works with share_prompt): activations no longer grow with the "
-                                         "micro-batch, for about 1/3 more learner compute")
+    grad_checkpointing: bool | Literal["auto"] = opt(
+        "auto", "keep only each decoder layer's input for backward and run the layer again there (works with "
+                "share_prompt): activations no longer grow with the micro-batch, for about 1/3 more learner compute "
+                "(auto: on on a CPU and on a GPU with under 24 GiB free, off otherwise)")
     lean_activations: bool = opt(True, "RMSNorm and SwiGLU MLP that keep fewer activations for backward (same "
                                        "values; Llama/Qwen/Mistral-style layers)")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
@@ -318,7 +319,8 @@ class Config(Section):
 
 
 # options whose `auto` is decided from the hardware (upslope.hardware.choose_defaults)
-AUTO_KEYS = ("train.precision", "model.dtype", "engine.dtype", "train.micro_batch_tokens", "train.logprob_chunk")
+AUTO_KEYS = ("train.precision", "model.dtype", "engine.dtype", "train.micro_batch_tokens", "train.logprob_chunk",
+             "train.grad_checkpointing")
 
 
 def _resolve_auto(cfg: Config) -> dict[str, Any]:
@@ -342,6 +344,7 @@ def _resolve_auto(cfg: Config) -> dict[str, Any]:
     put("engine.dtype", cfg.model.dtype if hf else d.engine_dtype)  # the HF engine is a copy of the policy
     put("train.micro_batch_tokens", d.micro_batch_tokens)
     put("train.logprob_chunk", d.logprob_chunk)
+    put("train.grad_checkpointing", d.grad_checkpointing)
     return applied
 
 
