@@ -39,12 +39,16 @@ class EngineConfig(Section):
                                       "see upslope plugins engine)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
         "auto", "engine dtype (auto: vllm: bfloat16 where this machine computes bf16 natively and measured it "
-                "faster, else float32; hf: model.dtype; see upslope doctor)")
+                "faster, else float32; hf: model.dtype on a CPU, the precision on a GPU; see upslope doctor)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
     kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
                                           "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB or "
                                           "1/16 of memory)", gt=0)
     gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
+    tensor_parallel_size: int = opt(1, "vllm on GPU: GPUs the engine's weights are split over (vLLM's tensor "
+                                       "parallelism; not run on a GPU yet)", ge=1)
+    sleep_mode: bool = opt(True, "vllm on GPU: free the KV cache and offload the weights to the host while the "
+                                 "learner trains (vLLM sleep level 1), woken for the weight sync and generation")
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
@@ -341,7 +345,8 @@ def _resolve_auto(cfg: Config) -> dict[str, Any]:
     put("train.precision", d.precision)
     put("model.dtype", weights_dtype(cfg.train.precision, d.on_gpu))
     hf = (cfg.engine.name if cfg.engine.name != "auto" else d.engine_name) == "hf"
-    put("engine.dtype", cfg.model.dtype if hf else d.engine_dtype)  # the HF engine is a copy of the policy
+    # the HF engine is a copy of the policy's weights on a CPU; on a GPU it generates in the precision (bf16)
+    put("engine.dtype", cfg.model.dtype if hf and not d.on_gpu else d.engine_dtype)
     put("train.micro_batch_tokens", d.micro_batch_tokens)
     put("train.logprob_chunk", d.logprob_chunk)
     put("train.grad_checkpointing", d.grad_checkpointing)

@@ -143,6 +143,13 @@ def gpu_micro_batch_tokens(free_gb: float) -> int:
     return tokens
 
 
+def learner_device() -> str:
+    """Where the learner (and an engine colocated with it) runs: the first GPU when there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def weights_dtype(precision: str, on_gpu: bool) -> str:
     """The learner weights' dtype for a precision: bf16 weights with bf16 on a CPU (2 bytes a weight,
     gradient and moment), fp32 master weights on a GPU (bf16 autocast) and with fp32."""

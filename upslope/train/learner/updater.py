@@ -31,13 +31,18 @@ ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the t
 
 
 def causal_lm(path: str, model: ModelConfig) -> Any:
-    """The default trained model: a causal LM (the policy)."""
-    return load_model(path, model.dtype, model.trust_remote_code)
+    """The default trained model: a causal LM (the policy), with fused attention on a GPU."""
+    from upslope.hardware import learner_device
+    from upslope.models import attention_for
+
+    return load_model(path, model.dtype, model.trust_remote_code, attention_for(learner_device()))
 
 
 def default_device() -> torch.device:
     """Where the learner trains: the GPU when there is one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from upslope.hardware import learner_device
+
+    return torch.device(learner_device())
 
 
 class Updater:
