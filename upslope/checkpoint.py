@@ -37,8 +37,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # (a CPU checkpoint has none; extra saved GPUs are dropped)
+        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -145,7 +146,7 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     if not file.is_file():
         raise UpslopeError(f"{file}: missing; {path} is not a complete checkpoint")
     try:
-        state = torch.load(file, weights_only=False)
+        state = torch.load(file, weights_only=False, map_location="cpu")  # any device: the optimiser moves it
     except Exception as exc:  # torch raises many types for a damaged file (pickle, zip, EOF)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UpslopeError(f"{file}: cannot read the trainer state, the file is damaged ({first[:160]})") from None

@@ -39,12 +39,16 @@ class EngineConfig(Section):
                                       "see upslope plugins engine)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
         "auto", "engine dtype (auto: vllm: bfloat16 where this machine computes bf16 natively and measured it "
-                "faster, else float32; hf: model.dtype; see upslope doctor)")
+                "faster, else float32; hf: model.dtype on a CPU, the precision on a GPU; see upslope doctor)")
     enforce_eager: bool = opt(True, "vllm: skip graph compilation (starts in seconds instead of minutes)")
     kv_cache_gb: float | None = opt(None, "vllm on CPU: KV-cache size in GiB (None: sized for one rollout batch, "
                                           "prompts_per_step x n x (128 + max_new_tokens) tokens, at most 1 GiB or "
                                           "1/16 of memory)", gt=0)
     gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
+    tensor_parallel_size: int = opt(1, "vllm on GPU: GPUs the engine's weights are split over (vLLM's tensor "
+                                       "parallelism; not run on a GPU yet)", ge=1)
+    sleep_mode: bool = opt(True, "vllm on GPU: free the KV cache and offload the weights to the host while the "
+                                 "learner trains (vLLM sleep level 1), woken for the weight sync and generation")
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
@@ -164,16 +168,17 @@ class TrainConfig(Section):
     micro_batch_tokens: Annotated[int, Field(ge=16)] | Literal["auto"] = opt(
         "auto", "token budget (rows x longest row) of one forward/backward: bounds activation memory (without "
                 "grad_checkpointing ~0.45 MiB a token for a 135M model in bf16; auto: 2048 on a CPU with >= 16 GiB, "
-                "less with less memory, 16384 on a GPU with >= 40 GiB)")
+                "less with less memory; on a GPU 256 a free GiB as a power of two in 2048..16384)")
     logprob_chunk: Annotated[int, Field(ge=1)] | Literal["auto"] = opt(
         "auto", "rows of hidden states per LM-head chunk (bounds logits memory; auto: 256 on a CPU, 128 under "
                 "8 GiB, 1024 on a big GPU)")
     precision: Literal["auto", "float32", "bfloat16"] = opt(
         "auto", "learner compute precision (auto: bfloat16 only where the CPU has native bf16 and a matmul "
                 "measured it faster, or a GPU has bf16 tensor cores; else float32; see upslope doctor and model.dtype)")
-    grad_checkpointing: bool = opt(True, "keep only each decoder layer's input for backward and run the layer again "
-                                         "there (works with share_prompt): activations no longer grow with the "
-                                         "micro-batch, for about 1/3 more learner compute")
+    grad_checkpointing: bool | Literal["auto"] = opt(
+        "auto", "keep only each decoder layer's input for backward and run the layer again there (works with "
+                "share_prompt): activations no longer grow with the micro-batch, for about 1/3 more learner compute "
+                "(auto: on on a CPU and on a GPU with under 24 GiB free, off otherwise)")
     lean_activations: bool = opt(True, "RMSNorm and SwiGLU MLP that keep fewer activations for backward (same "
                                        "values; Llama/Qwen/Mistral-style layers)")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
@@ -318,7 +323,8 @@ class Config(Section):
 
 
 # options whose `auto` is decided from the hardware (upslope.hardware.choose_defaults)
-AUTO_KEYS = ("train.precision", "model.dtype", "engine.dtype", "train.micro_batch_tokens", "train.logprob_chunk")
+AUTO_KEYS = ("train.precision", "model.dtype", "engine.dtype", "train.micro_batch_tokens", "train.logprob_chunk",
+             "train.grad_checkpointing")
 
 
 def _resolve_auto(cfg: Config) -> dict[str, Any]:
@@ -339,9 +345,11 @@ def _resolve_auto(cfg: Config) -> dict[str, Any]:
     put("train.precision", d.precision)
     put("model.dtype", weights_dtype(cfg.train.precision, d.on_gpu))
     hf = (cfg.engine.name if cfg.engine.name != "auto" else d.engine_name) == "hf"
-    put("engine.dtype", cfg.model.dtype if hf else d.engine_dtype)  # the HF engine is a copy of the policy
+    # the HF engine is a copy of the policy's weights on a CPU; on a GPU it generates in the precision (bf16)
+    put("engine.dtype", cfg.model.dtype if hf and not d.on_gpu else d.engine_dtype)
     put("train.micro_batch_tokens", d.micro_batch_tokens)
     put("train.logprob_chunk", d.logprob_chunk)
+    put("train.grad_checkpointing", d.grad_checkpointing)
     return applied
 
 

@@ -50,6 +50,7 @@ class Hardware:
     gpu_memory_gb: float = 0.0
     vllm: bool = False  # a vLLM build is importable
     rates: Rates | None = None  # CPU matmul rates, when measured
+    gpu_free_gb: float = 0.0  # free GPU memory when detected (0: take gpu_memory_gb)
 
     @property
     def native_bf16(self) -> bool:
@@ -77,6 +78,7 @@ class Defaults:
     logprob_chunk: int
     kv_cache_max_gb: float  # cap of vLLM's CPU KV cache
     on_gpu: bool = False
+    grad_checkpointing: bool = True  # train.grad_checkpointing
     reasons: dict[str, str] = field(default_factory=dict)
 
 
@@ -109,16 +111,43 @@ def choose_defaults(hw: Hardware) -> Defaults:
     why["state_dtype"] = ("8-bit moments with bf16 weights" if state_dtype == "int8"
                           else "fp32 moments with fp32 weights")
     why["threads"] = "fitted at each rollout to the cores that are free (a busy core is left out)"
+    checkpointing = True
     if hw.gpu_capability is not None:
-        micro, chunk, kv = (16384, 1024, 1.0) if hw.gpu_memory_gb >= 40 else (4096, 512, 1.0)
-        why["memory"] = f"GPU with {hw.gpu_memory_gb:.0f} GiB"
+        free = hw.gpu_free_gb or hw.gpu_memory_gb
+        micro = gpu_micro_batch_tokens(free)
+        chunk, kv = (1024 if free >= 40 else 512), 1.0
+        checkpointing = free < GPU_NO_CHECKPOINT_GB
+        why["memory"] = f"GPU with {free:.0f} GiB free"
+        why["grad_checkpointing"] = (f"under {GPU_NO_CHECKPOINT_GB} GiB free on the GPU: recompute layers" if checkpointing
+                                     else "the GPU has the memory: no recompute (1/3 less learner compute)")
     else:
+        why["grad_checkpointing"] = "CPU: activations of a micro-batch would dominate the memory"
         micro = 2048 if hw.memory_gb >= 16 else 1024 if hw.memory_gb >= 8 else 512
         chunk = 256 if hw.memory_gb >= 8 else 128
         kv = min(1.0, max(1, int(hw.memory_gb)) / 16)  # 1/16 of memory, at most 1 GiB
         why["memory"] = f"{hw.memory_gb:.0f} GiB of memory"
     return Defaults(precision, model_dtype, engine_dtype, engine_name, state_dtype, "free cores", micro, chunk, kv,
-                    hw.gpu_capability is not None, why)
+                    hw.gpu_capability is not None, checkpointing, why)
+
+
+GPU_NO_CHECKPOINT_GB = 24  # below this much free GPU memory, auto keeps activation checkpointing on
+
+
+def gpu_micro_batch_tokens(free_gb: float) -> int:
+    """The learner's token budget on a GPU with `free_gb` free: 256 tokens a free GiB, rounded
+    down to a power of two, within [2048, 16384] (16k tokens of a 1.7B model without
+    checkpointing ran on an H200 in the run that filed issue 15)."""
+    tokens = 2048
+    while tokens * 2 <= min(16384, free_gb * 256):
+        tokens *= 2
+    return tokens
+
+
+def learner_device() -> str:
+    """Where the learner (and an engine colocated with it) runs: the first GPU when there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def weights_dtype(precision: str, on_gpu: bool) -> str:
@@ -180,7 +209,8 @@ def detect(measure: bool = True, cache: Path | None = None) -> Hardware:
         props = torch.cuda.get_device_properties(0)
         gpu, cap, gpu_mem = props.name, (props.major, props.minor), props.total_memory / 2**30
     hw = Hardware(model, platform.machine(), flags, usable_cores(), round(_memory_gb(), 1), gpu, cap, gpu_mem,
-                  importlib.util.find_spec("vllm") is not None)
+                  importlib.util.find_spec("vllm") is not None,
+                  gpu_free_gb=torch.cuda.mem_get_info(0)[0] / 2**30 if cap is not None else 0.0)
     if measure and hw.native_bf16 and cap is None:
         hw = replace(hw, rates=matmul_rates(cache_key(hw), cache))
     return hw
@@ -338,7 +368,7 @@ def summary(d: Defaults, applied: dict[str, Any] | None = None) -> str:
         "train.precision": d.precision, "model.dtype": d.model_dtype, "engine.dtype": d.engine_dtype,
         "engine.name": d.engine_name, "optim.state_dtype": d.state_dtype, "train.threads": d.threads,
         "train.micro_batch_tokens": d.micro_batch_tokens, "train.logprob_chunk": d.logprob_chunk,
-        "engine.kv_cache_gb (max)": d.kv_cache_max_gb}
+        "train.grad_checkpointing": d.grad_checkpointing, "engine.kv_cache_gb (max)": d.kv_cache_max_gb}
     if not values:
         return "auto: nothing left to choose (every such option was set)"
     shown = ", ".join(f"{k}={v}" for k, v in values.items())

@@ -249,11 +249,20 @@ def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
     return tok
 
 
-def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+def attention_for(device: str) -> str | None:
+    """The attention kernel to load a model with for `device`: torch's fused SDPA on a GPU (flash /
+    memory-efficient kernels); None (transformers' own default) elsewhere."""
+    return "sdpa" if str(device).startswith("cuda") else None
+
+
+def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False,
+               attn_implementation: str | None = None) -> Any:
     from transformers import AutoModelForCausalLM
 
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+                                                     **extra)
     except Exception as exc:  # corrupt weights or config raise many types (OSError, SafetensorError, ...)
         raise ModelError(f"model at {path} could not be loaded: {_first_line(exc)}") from None
     return model

@@ -36,8 +36,13 @@ class Runtime:
             r = self.cfg.rollout
             max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
             batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
+            from upslope.hardware import learner_device
+
             self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype,
-                                       max_len, kv_tokens=batch_tokens, threads=engine_threads(self.cfg))
+                                       max_len, kv_tokens=batch_tokens, threads=engine_threads(self.cfg),
+                                       device=learner_device())
+            if self._engine.device != "cpu":
+                self.announce(f"rollout engine: {self._engine.name} on {self._engine.device}")
         return self._engine
 
     @property

@@ -76,6 +76,17 @@ def test_h200_like_gpu_gets_bf16_autocast_over_fp32_master_weights():
         "float32", "float32", 4096, 512)
 
 
+def test_gpu_checkpointing_and_micro_batch_follow_free_memory():
+    """Without checkpointing where the GPU has the memory (1/3 less compute), with it on a small or
+    busy GPU; the token budget is 256 a free GiB as a power of two in [2048, 16384]; CPUs keep it on."""
+    assert not choose_defaults(H200).grad_checkpointing
+    busy = choose_defaults(replace(H200, gpu_free_gb=20.0))
+    assert busy.grad_checkpointing and busy.micro_batch_tokens == 4096 and "20 GiB free" in busy.reasons["memory"]
+    assert [hardware.gpu_micro_batch_tokens(gb) for gb in (4, 16, 40, 64, 80, 139.8)] == [
+        2048, 4096, 8192, 16384, 16384, 16384]
+    assert all(choose_defaults(hw).grad_checkpointing for hw in (AMX_XEON, AVX2_EPYC, APPLE_ARM, LAPTOP))
+
+
 def test_low_memory_laptop_gets_small_batches_and_cache():
     d = choose_defaults(LAPTOP)
     assert d.precision == "float32"  # avx512f alone is not native bf16
@@ -161,7 +172,8 @@ def test_default_config_takes_this_machines_choices():
 
 def test_explicit_settings_win_over_auto():
     cfg = load_config(None, ["train.precision=float32", "engine.dtype=float16", "train.micro_batch_tokens=640",
-                             "train.logprob_chunk=32"])
+                             "train.logprob_chunk=32", "train.grad_checkpointing=false"])
+    assert not cfg.train.grad_checkpointing
     assert (cfg.train.precision, cfg.model.dtype, cfg.engine.dtype) == ("float32", "float32", "float16")
     hf = load_config(None, ["train.precision=float32", "engine.name=hf"])
     assert hf.engine.dtype == "float32"  # the HF engine follows the learner's weights

@@ -40,6 +40,7 @@ class Engine(ABC):
 
     name: str = "engine"
     version: int = 0
+    device: str = "cpu"  # where it generates (reported in the step metrics)
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -48,6 +49,10 @@ class Engine(ABC):
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights in place with the learner's (HF parameter names)."""
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory while the learner trains (a GPU-colocated engine);
+        the next `update_weights` or `generate` brings it back. A no-op for most engines."""
 
     def close(self) -> None:
         """Release the engine's resources."""

@@ -29,6 +29,7 @@ class EngineContext:
     max_model_len: int
     kv_tokens: int = 0  # tokens of one rollout batch (sizes vLLM's CPU KV cache)
     threads: int = 0  # > 0: a fixed thread count; 0: fitted to the free cores before each generation
+    device: str = "cpu"  # the learner's device: an engine that can runs there (colocated)
 
 
 def is_available(entry: Entry[Any]) -> bool:
@@ -74,10 +75,10 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
 
 
 def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
-                kv_tokens: int = 0, threads: int = 0) -> Engine:
+                kv_tokens: int = 0, threads: int = 0, device: str = "cpu") -> Engine:
     """The configured engine, built by its registered builder with `engine.options`; `kv_tokens` (one
     rollout batch's tokens) sizes vLLM's CPU KV cache unless engine.kv_cache_gb is set; `threads` > 0
     fixes the thread count, 0 fits it to the free cores before each generation."""
     name = engine_name(cfg)
     build = ENGINES.bind(name, cfg.options, where="engine.options")
-    return build(cfg, EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads))
+    return build(cfg, EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device))

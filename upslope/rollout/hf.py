@@ -7,6 +7,7 @@ import torch
 
 from upslope.registry import ENGINES
 from upslope.hardware import fit_threads
+from upslope.models import attention_for
 from upslope.rollout.base import Completion, Engine, SamplingParams
 
 if TYPE_CHECKING:
@@ -20,10 +21,11 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64,
-                 threads: int = 0):
+                 threads: int = 0, device: str = "cpu"):
         from upslope.models import load_model
 
-        self.model = load_model(model_path, dtype).eval()
+        self.device = str(device)
+        self.model = load_model(model_path, dtype, attn_implementation=attention_for(self.device)).to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id
@@ -33,7 +35,7 @@ class HFEngine(Engine):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         results: list[list[Completion]] = []
         fit_threads(self.threads)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[self.device] if self.device != "cpu" else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(prompts), self.batch_size):
@@ -53,16 +55,16 @@ class HFEngine(Engine):
             ids, attn, n_return = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0), 1
         stops = params.stop_token_ids or [self.tokenizer.eos_token_id]
         out = self.model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=params.max_new_tokens,
+            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), max_new_tokens=params.max_new_tokens,
             do_sample=not greedy, temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p, top_k=None if greedy else params.top_k,  # 0 turns off HF's default top-k of 50
             num_return_sequences=n_return, eos_token_id=stops, pad_token_id=self.pad_id,
             output_scores=True, return_dict_in_generate=True,
         )
-        new = out.sequences[:, width:]
+        new = out.sequences[:, width:].cpu()
         # scores are the processed logits the sampler drew from (temperature, top-p/k applied)
         logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-        token_lp = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        token_lp = logps.gather(-1, out.sequences[:, width:].unsqueeze(-1)).squeeze(-1).cpu()
         stop_set = set(stops)
         completions = []
         for row in range(new.shape[0]):
@@ -86,4 +88,4 @@ class HFEngine(Engine):
 def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
     return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
-                    batch_size=cfg.hf_batch_size, threads=ctx.threads)
+                    batch_size=cfg.hf_batch_size, threads=ctx.threads, device=ctx.device)

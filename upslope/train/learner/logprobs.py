@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from upslope.train.learner.amp import replay_autocast, save_autocast
+
 
 @dataclass
 class HeadOutput:
@@ -118,9 +120,9 @@ class _LinearLogprob(torch.autograd.Function):
     accumulates dh and dW from it. The entropy is a metric: it gets no gradient."""
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
                 temperature: float, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        save_autocast(ctx, h)
         logp, ent, lse = [], [], []
         for s in range(0, h.shape[0], chunk_rows):
             logits = _wide(torch.nn.functional.linear(h[s:s + chunk_rows], weight, bias))
@@ -138,16 +140,20 @@ class _LinearLogprob(torch.autograd.Function):
         return torch.cat(logp), entropy
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None) -> tuple[Any, ...]:
+        with replay_autocast(ctx):
+            return _LinearLogprob._backward(ctx, g_logp)
+
+    @staticmethod
+    def _backward(ctx: Any, g_logp: torch.Tensor) -> tuple[Any, ...]:
         h, weight, bias, targets, lse = ctx.saved_tensors
         temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dh = torch.empty_like(h) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)
         dw: torch.Tensor | None = None  # no [vocab, hidden] fp32 buffer for bf16 weights
-        db = torch.zeros(weight.shape[0], dtype=acc) if need_b and bias is not None else None
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else h.dtype
+        db = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b and bias is not None else None
+        dtype = ctx.amp_dtype or h.dtype
         w_low = weight.to(dtype)
         for s in range(0, h.shape[0], chunk_rows):
             hc, g = h[s:s + chunk_rows].to(dtype), _wide(g_logp[s:s + chunk_rows])
@@ -155,7 +161,7 @@ class _LinearLogprob(torch.autograd.Function):
             if temperature != 1.0:
                 logits.div_(temperature)
             grad = logits.sub_(lse[s:s + chunk_rows].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # -g * softmax
-            rows = torch.arange(grad.shape[0])
+            rows = torch.arange(grad.shape[0], device=grad.device)
             grad[rows, targets[s:s + chunk_rows]] += g  # + g * onehot
             if temperature != 1.0:
                 grad.div_(temperature)

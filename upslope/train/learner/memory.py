@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from upslope.train.learner.amp import replay_autocast, save_autocast
+
 # RMSNorm classes computing exactly weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)
 LLAMA_STYLE_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
 # MLP classes computing exactly down_proj(act_fn(gate_proj(x)) * up_proj(x))
@@ -46,17 +48,21 @@ class _SwiGLUDown(torch.autograd.Function):
     two in backward: half the MLP's saved activations, no extra matmul."""
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
+        save_autocast(ctx, gate)
         ctx.save_for_backward(gate, up, weight, bias)
         return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight, bias)
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with replay_autocast(ctx):
+            return _SwiGLUDown._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gate, up, weight, bias = ctx.saved_tensors
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+        dtype = ctx.amp_dtype or weight.dtype
         act = torch.nn.functional.silu(gate)
         d_out = d_out.to(dtype)
         dw = db = None
@@ -101,10 +107,14 @@ def use_lean_activations(model: torch.nn.Module) -> int:
 _LIBC: Any = None
 
 
-def release_freed_memory() -> None:
+def release_freed_memory(device: torch.device | str = "cpu") -> None:
     """Return the heap's free pages to the OS (glibc `malloc_trim`; a no-op elsewhere). A step's
-    activations are freed into the heap, which otherwise keeps them as resident memory."""
+    activations are freed into the heap, which otherwise keeps them as resident memory. Only
+    for a learner on the CPU: on a GPU the activations never touch the host heap, and the
+    trim would cost time for nothing."""
     global _LIBC
+    if torch.device(device).type != "cpu":
+        return
     if _LIBC is None:
         name = ctypes.util.find_library("c")
         try:

@@ -46,7 +46,7 @@ class Objective:
 
     def skip_rows(self, mini: Batch) -> torch.Tensor:
         """bool [N]: rows of the mini-batch whose loss and gradient are exactly 0."""
-        return torch.zeros(mini.size, dtype=torch.bool)
+        return torch.zeros(mini.size, dtype=torch.bool)  # cpu: like the batch it indexes
 
     def gather_ids(self, mb: Batch) -> torch.Tensor | None:
         """Token ids [n, L, K] whose policy log-probs the loss also needs (None: none)."""

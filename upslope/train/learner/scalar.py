@@ -105,7 +105,7 @@ def score_rows(model: ScalarHeadModel, batch: Any, micro_batch_tokens: int, devi
     """[N] fp32 sequence scores of a Batch's rows, no grad, in token-budget micro-batches (eval mode)."""
     from upslope.batch import micro_batch_indices
 
-    out = torch.zeros(batch.size, dtype=torch.float32)
+    out = torch.zeros(batch.size, dtype=torch.float32)  # cpu: results gathered on the host
     was_training = model.training
     model.eval()
     try:

@@ -31,13 +31,18 @@ ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the t
 
 
 def causal_lm(path: str, model: ModelConfig) -> Any:
-    """The default trained model: a causal LM (the policy)."""
-    return load_model(path, model.dtype, model.trust_remote_code)
+    """The default trained model: a causal LM (the policy), with fused attention on a GPU."""
+    from upslope.hardware import learner_device
+    from upslope.models import attention_for
+
+    return load_model(path, model.dtype, model.trust_remote_code, attention_for(learner_device()))
 
 
 def default_device() -> torch.device:
     """Where the learner trains: the GPU when there is one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from upslope.hardware import learner_device
+
+    return torch.device(learner_device())
 
 
 class Updater:
@@ -167,9 +172,10 @@ class Updater:
         [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
         model = self.model if model is None else model
         n, length = batch.input_ids.shape
-        lp, ent = torch.zeros(n, length), torch.zeros(n, length)
-        topk_lp = torch.zeros(n, length, top_k) if top_k else None
-        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long) if top_k else None
+        host = torch.device("cpu")  # the results are gathered on the host, micro-batch by micro-batch
+        lp, ent = torch.zeros(n, length, device=host), torch.zeros(n, length, device=host)
+        topk_lp = torch.zeros(n, length, top_k, device=host) if top_k else None
+        topk_ids = torch.zeros(n, length, top_k, dtype=torch.long, device=host) if top_k else None
         self.model.eval()  # scoring: no dropout (LoRA's included)
         try:
             for idx in self.micro_batches(batch):

@@ -55,7 +55,7 @@ class SFTTrainer(BaseTrainer):
             idx = self.sampler.next(self.cfg.sft.batch_size)
             batch = sft_batch([self.examples[i] for i in idx], self.runtime.tokenizer.pad_token_id)
             metrics = self.updater.update(batch, step, self.objective)
-            release_freed_memory()
+            release_freed_memory(self.updater.device)
         metrics.update({"sft/trained_tokens": float(batch.num_loss_tokens()),
                         "sft/epoch": self.sampler.epoch + self.sampler.position / len(self.examples)})
         return metrics
