@@ -74,6 +74,8 @@ METHODS: dict[str, Claim] = {
                      "DenoiseRL: Bootstrapping Reasoning Models to Recover from Noisy Prefixes"),
     "socratic": Claim("socratic", "headroom", "eval/accuracy", "higher",
                       "SocraticPO: Policy Optimization via Interactive Guidance"),
+    "arena": Claim("arena", "headroom", "eval/accuracy", "higher",
+                   "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
 }
 
 
