@@ -76,6 +76,8 @@ METHODS: dict[str, Claim] = {
                       "SocraticPO: Policy Optimization via Interactive Guidance"),
     "arena": Claim("arena", "headroom", "eval/accuracy", "higher",
                    "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
+    "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
+                   "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from upslope.batch import build_batch
-from upslope.registry import FILTERS
+from upslope.registry import FILTERS, REPLAY
 
 
 def _group(lengths, mean_lps, rewards):
@@ -36,3 +36,30 @@ def test_darts_keeps_a_mixed_group_mixed():
     keep = FILTERS.bind("darts", {"keep": 2})(b)
     assert keep.tolist() == [True, False, False, True]
     assert int(keep.sum()) == 2
+
+
+def _step(rewards, ids, groups, lengths=None):
+    lengths = lengths or [2] * len(rewards)
+    b = build_batch([[1]] * len(rewards), [[5] * n for n in lengths], [[-0.5] * n for n in lengths], groups,
+                    [False] * len(rewards), 2, meta=[{"example_id": e} for e in ids])
+    b.rewards = torch.tensor(rewards, dtype=torch.float32)
+    b.advantages = torch.zeros_like(b.loss_mask)
+    return b
+
+
+def test_drift_routes_hard_problems_to_their_buffered_success():
+    """Step 1: problem A mixed (row 0 right) -> A's success is buffered; B all wrong, nothing buffered.
+    Step 2: A all wrong -> A's success comes back as its own group with advantage 2.0 on its 3 tokens;
+    B still all wrong and unsolved -> nothing; C mixed -> buffered too."""
+    drift = REPLAY.bind("drift", {"distill_weight": 2.0})()
+    out, m = drift.mix(_step([1.0, 0.0, 0.0, 0.0], ["A", "A", "B", "B"], [0, 0, 1, 1], [3, 2, 2, 2]), 1, 2)
+    assert out.size == 4 and m["drift/buffer"] == 1.0 and m["drift/hard_groups"] == 1.0
+    out, m = drift.mix(_step([0.0, 0.0, 0.0, 0.0, 1.0, 0.0], ["A", "A", "B", "B", "C", "C"], [0, 0, 1, 1, 2, 2]), 2, 2)
+    assert out.size == 7 and m["drift/distilled_rows"] == 1.0 and m["drift/buffer"] == 2.0
+    assert out.group_ids[-1] == 3 and out.meta[-1]["example_id"] == "A"
+    p = int(out.prompt_lens[-1])
+    assert out.advantages[-1, p:p + 3].tolist() == [2.0, 2.0, 2.0] and out.advantages[-1, :p].sum() == 0
+    state = drift.state_dict()  # checkpointed: a fresh copy routes the same way
+    again = REPLAY.bind("drift", {"distill_weight": 2.0})()
+    again.load_state_dict(state)
+    assert again.mix(_step([0.0, 0.0], ["C", "C"], [0, 0]), 3, 2)[1]["drift/distilled_rows"] == 1.0

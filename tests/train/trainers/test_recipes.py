@@ -32,7 +32,7 @@ RECIPES = [r for r in sorted((Path(__file__).resolve().parents[3] / "recipes").g
 # 2-step runs are in the slow set (-m slow); every recipe's config is still checked in the default run.
 SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule", "dppo", "drpo", "dcmdp", "mipu",
                        "saw", "gd2po", "recal", "calibration", "selective", "suco", "darts", "espo", "denoise",
-                       "socratic", "arena"}
+                       "socratic", "arena", "drift"}
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SEED_METHOD_RECIPES else [])
         for r in RECIPES]
 
