@@ -3,6 +3,7 @@ hand-computed cases, then both rollouts on the real HF engine (tiny model, SmolL
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import torch
 
@@ -87,3 +88,17 @@ def test_denoise_rollout_restarts_from_an_untrained_prefix(hf_engine, encode_cha
         assert b.input_ids[i, p:p + k].tolist() == plain.input_ids[i, p:p + k].tolist()
         assert b.loss_mask[i, p:p + k].sum() == 0 and b.loss_mask[i, p + k:s].sum() == s - p - k > 0
         assert (b.sampler_logprobs[i, p:p + k] == 0).all()
+
+
+def test_bad_rollout_option_is_one_config_error(tmp_path):
+    """A typo in rollout.options fails in the RL trainer's config check, before any model loads."""
+    import pytest
+
+    from upslope.config import load_config
+    from upslope.errors import ConfigError
+    from upslope.train.trainers.rl import check_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / "espo.yaml", [f"run_dir={tmp_path}"])
+    cfg.rollout.options = {"marginn": 1.0}
+    with pytest.raises(ConfigError, match=r"rollout.options.marginn: unknown option for rollout 'espo' \(did you mean 'margin'\?\)"):
+        check_config(cfg)
