@@ -65,6 +65,19 @@ METHODS: dict[str, Claim] = {
                     "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
                     "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
+    # issue 21, part 2: exploration and rollout shaping
+    "darts": Claim("darts", "headroom", "eval/accuracy", "higher",
+                   "DARTS: over-sample, keep concise and confident trajectories"),
+    "espo": Claim("espo", "headroom", "eval/accuracy", "higher",
+                  "ESPO: Early-Stopping Proximal Policy Optimization"),
+    "denoise": Claim("denoise", "headroom", "eval/accuracy", "higher",
+                     "DenoiseRL: Bootstrapping Reasoning Models to Recover from Noisy Prefixes"),
+    "socratic": Claim("socratic", "headroom", "eval/accuracy", "higher",
+                      "SocraticPO: Policy Optimization via Interactive Guidance"),
+    "arena": Claim("arena", "headroom", "eval/accuracy", "higher",
+                   "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
+    "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
+                   "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
 }
 METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",

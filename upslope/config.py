@@ -73,6 +73,7 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     kind: str = opt("single_turn", "rollout plugin that turns prompts into completions (registry: rollout)")
+    options: dict[str, Any] = opt({}, "options of the rollout plugin named by kind (e.g. espo's margin)")
     prompts_per_step: int = opt(8, "prompts sampled per training step", ge=1)
     n: int = opt(8, "completions per prompt (the group size)", ge=1)
     temperature: float = opt(1.0, "sampling temperature", ge=0)

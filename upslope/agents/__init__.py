@@ -2,6 +2,7 @@
 See docs/agents.md."""
 from upslope.agents import builtin_tools, formats  # noqa: F401  (register the built-in tools and formats)
 from upslope.agents.env import AnswerEnv, Environment, Message, StepResult
+from upslope.agents import socratic  # noqa: F401,E402  (registers the SocraticPO environment)
 from upslope.agents.rollout import AgentRun, multi_turn
 from upslope.agents.tools import ToolBox, ToolCall, call_tool, tool_schema
 

@@ -52,10 +52,12 @@ def rollout_fn(kind: str) -> stages.RolloutFn:
 
 def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
     """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer)` (e.g. multi_turn, which
-    needs the agent section) is built by it; a plain one is used as it is."""
+    needs the agent section) is built by it; a plain one is bound to `rollout.options`."""
     entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
     setup = entry.attrs.get("setup")
-    return setup(cfg, tokenizer) if setup is not None else entry.fn
+    if setup is not None:
+        return setup(cfg, tokenizer)
+    return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
 
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],

@@ -21,7 +21,16 @@ RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_i
 def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
             pad_id: int, group_offset: int = 0) -> Batch:
     """n completions per prompt through the engine, as a Batch (one group per prompt)."""
-    groups = engine.generate(list(prompt_ids), params)
+    return groups_to_batch(prompt_ids, examples, engine.generate(list(prompt_ids), params), params, pad_id,
+                           engine.version, group_offset)
+
+
+def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example], groups: Sequence[Sequence[Any]],
+                    params: SamplingParams, pad_id: int, version: int, group_offset: int = 0,
+                    extra: Sequence[dict[str, Any]] | None = None,
+                    loss_masks: Sequence[list[int]] | None = None) -> Batch:
+    """The engine's completions (one list per prompt) as a Batch; `extra` adds meta per completion (in
+    order) and `loss_masks` marks completion tokens not to train on (e.g. a forced prefix)."""
     p_ids, c_ids, c_lps, gids, trunc, meta = [], [], [], [], [], []
     for g, (prompt, ex, comps) in enumerate(zip(prompt_ids, examples, groups)):
         for c in comps:
@@ -33,7 +42,9 @@ def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[
             meta.append({**ex.meta, "answer": ex.answer, "prompt": ex.prompt, "completion": c.text,
                          "example_id": ex.id, "completion_tokens": len(c.token_ids),
                          "max_new_tokens": params.max_new_tokens, "finish_reason": c.finish_reason})
-    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, engine.version, meta)
+    if extra is not None:
+        meta = [{**m, **e} for m, e in zip(meta, extra)]
+    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks)
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
@@ -44,8 +55,13 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
     components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
-    batch = replace(batch, reward_components=components,
-                    rewards=combiner(components, batch.group_ids, weights=result.weights).float())
+    combined = combiner(components, batch.group_ids, weights=result.weights).float()
+    # a rollout may shape a sample's reward: meta["reward_scale"] (e.g. SocraticPO's decay after a hint),
+    # meta["reward_override"] (e.g. ESPO's terminal failure for a rollout it stopped early)
+    scale = torch.tensor([float(m.get("reward_scale", 1.0)) for m in batch.meta])
+    override = torch.tensor([float(m.get("reward_override", float("nan"))) for m in batch.meta])
+    combined = torch.where(override.isnan(), combined * scale, override) if batch.meta else combined
+    batch = replace(batch, reward_components=components, rewards=combined)
     for name, count in result.failures.items():
         if strict and count == batch.size and batch.size > 1:
             raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "

@@ -31,7 +31,8 @@ RECIPES = [r for r in sorted((Path(__file__).resolve().parents[3] / "recipes").g
 # Recipes of the seed methods (docs/methods.md): each plugin has its own mechanism tests, so their
 # 2-step runs are in the slow set (-m slow); every recipe's config is still checked in the default run.
 SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule", "dppo", "drpo", "dcmdp", "mipu",
-                       "saw", "gd2po", "recal", "calibration", "selective", "suco"}
+                       "saw", "gd2po", "recal", "calibration", "selective", "suco", "darts", "espo", "denoise",
+                       "socratic", "arena", "drift"}
 SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "ispo", "codapo", "paec",
                         "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # issue 21 A
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SEED_METHOD_RECIPES else [])

@@ -9,7 +9,7 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS, REPLAY, SAMPLERS
+from upslope.registry import ADVANTAGES, FILTERS, REPLAY, ROLLOUTS, SAMPLERS
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.loop import BaseTrainer, seed_step
@@ -22,6 +22,8 @@ def check_config(cfg: Config) -> None:
     if cfg.algo.replay is not None:  # its options fail here, before any model loads
         REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
     SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
+    if not ROLLOUTS.get(cfg.rollout.kind, "rollout.kind").attrs.get("setup"):  # bad rollout.options fail here
+        ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, where="rollout.options")
     if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
         raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
                           f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")

@@ -1,0 +1,42 @@
+"""SocraticPO's environment (issue 21, part 2): the rule teacher's guidance by hand, and a real two-turn
+rollout (tiny model, HF engine) where every wrong first answer gets that guidance and a decayed reward."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from upslope.agents import AgentRun, multi_turn
+from upslope.agents.socratic import arith_guidance
+from upslope.config import load_config
+from upslope.data import load_examples
+from upslope.data.types import Example
+from upslope.rollout.base import SamplingParams
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "socratic.yaml"
+
+
+def test_arith_guidance_by_hand():
+    ex = Example(prompt="37 + 45 =", answer=82, meta={"a": 37, "b": 45, "op": "+"})
+    assert arith_guidance(ex, " 71\nmore") == ('"71" is not right. Start from the ones: the ones digits give '
+                                              '7 + 5 = 12: write 2 and carry 1. 37 + 45 =')
+    ex = Example(prompt="13 * 4 =", answer=52, meta={"a": 13, "b": 4, "op": "*"})
+    assert arith_guidance(ex, "9").endswith("3 * 4 = 12. 13 * 4 =")
+    assert "step by step" in arith_guidance(Example(prompt="q"), "x")
+
+
+@pytest.mark.slow  # ~25 s alone, 60 s under load: a real two-turn rollout
+def test_socratic_rollout_guides_wrong_answers(tokenizer, hf_engine, tmp_path):
+    cfg = load_config(RECIPE, [f"run_dir={tmp_path}"])
+    run = AgentRun.from_config(cfg, tokenizer)
+    examples = load_examples(cfg.data, "test")[:2]
+    batch = multi_turn(hf_engine, [], examples, SamplingParams(n=2, max_new_tokens=cfg.rollout.max_new_tokens,
+                                                               seed=0, stop_token_ids=[2]), 2, run=run)
+    assert batch.size == 4
+    for m in batch.meta:
+        users = [x["content"] for x in m["messages"] if x["role"] == "user"]
+        hinted = m["metrics"]["agent/hints"] == 1.0
+        assert hinted == (len(users) == 2)  # the random tiny model: a hint exactly after a wrong first answer
+        if hinted:
+            assert "is not right. Start from the ones" in users[1] and users[1].endswith(f"{m['a']} + {m['b']} =")
+            assert m["reward_parts"]["correct"] in (0.0, 0.5)  # after one hint: decayed by hint_decay 0.5
