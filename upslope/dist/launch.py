@@ -45,7 +45,7 @@ def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) 
     from upslope.train.learner.updater import default_device
 
     procs, env = cfg.dist.learner_procs, group.env_world_size()
-    check_combination(cfg.dist, cfg.optim, cfg.model, cfg.lora, default_device())
+    check_combination(cfg.dist, cfg.optim, cfg.model, default_device())
     if max(procs, env) > 1:
         check_trainer(command, cfg)
     if env > 1 or procs == 1:  # torchrun started this rank, or one process
