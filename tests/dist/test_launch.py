@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from upslope.cli import main
 
@@ -50,3 +51,36 @@ def test_trainers_not_sharded_yet_are_one_line(tmp_path, capsys, command, overri
     rc = main([command, f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp", *overrides])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and words in err and "\n" not in err
+
+
+@pytest.mark.slow  # a one-process run, then two spawned ranks resuming it: ~1-2 min on 2 busy cores
+def test_lora_on_fsdp_resumes_a_one_process_adapter_and_exports_it(tiny_model_path, tmp_path, capsys):
+    """LoRA with FSDP through the command line: a one-process LoRA checkpoint (the adapter alone)
+    resumes on 2 ranks (each keeps its shards of the adapter and its AdamW state), whose checkpoint
+    again holds only the adapter, gathered from the shards, and `upslope export` merges it into
+    a plain model with the adapted model's outputs."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from upslope import lora
+    from upslope.models import load_model
+
+    run = tmp_path / "run"
+    args = ["train", f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, "lora.enabled=true",
+            "lora.rank=4", "optim.lr=1e-2"]
+    assert main([*args, "train.steps=1"]) == 0
+    assert main([*args, "train.steps=2", "train.resume=latest", "dist.learner_procs=2", "dist.strategy=fsdp"]) == 0
+    step1, step2 = (run / "checkpoints" / f"step_00000{i}" for i in (1, 2))
+    assert lora.is_adapter_dir(step2 / "model") and (step2 / "sharded" / ".metadata").is_file()
+    assert not list((step2 / "model").glob("model*.safetensors"))  # no full model beside the adapter
+    before, after = (load_file(s / "model" / lora.ADAPTER_WEIGHTS) for s in (step1, step2))
+    assert before.keys() == after.keys()
+    assert max(float((after[k] - before[k]).abs().max()) for k in after) > 1e-4  # step 2 trained on 2 ranks
+    out = tmp_path / "merged"
+    assert main(["export", str(step2), str(out)]) == 0
+    ids = torch.randint(5, 2000, (2, 10), generator=torch.Generator().manual_seed(0))
+    adapted = PeftModel.from_pretrained(load_model(tiny_model_path), str(step2 / "model")).eval()
+    with torch.no_grad():
+        assert torch.allclose(load_model(str(out)).eval()(input_ids=ids).logits, adapted(input_ids=ids).logits,
+                              atol=1e-4)
+    capsys.readouterr()
