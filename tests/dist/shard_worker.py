@@ -16,7 +16,7 @@ from upslope.batch import Batch
 from upslope.config import load_config
 from upslope.dist import group
 from upslope.dist.shard import plain
-from upslope.train.learner.objectives import RLObjective
+from upslope.train.learner.objectives import Objective, RLObjective, SupervisedObjective
 from upslope.train.learner.updater import Updater
 
 STEPS = 3
@@ -28,13 +28,31 @@ def rl_batch(groups: int = 4, n: int = 3) -> Batch:
     return grouped_rl_batch([1.0, 0.5, 0.0, -2.0][:groups], n, seed=0, length_cycle=5)
 
 
-def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, RLObjective]:
+SFT = "objective=sft"  # a variant's marker (not a config override): `upslope rft`'s update, the SFT loss
+SFT_PASSES = {"updates": 2, "epochs": 2}  # rft's mini-batches and passes over the kept samples
+
+
+def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, Objective]:
+    overrides = [x for x in extra if x != SFT]
     cfg = load_config(None, [f"model.name={path}", "train.precision=float32", "optim.lr=1e-3", "optim.eps=1e-4",
                              "train.micro_batch_tokens=40", f"dist.strategy={strategy}",
-                             f"dist.learner_procs={group.env_world_size()}", *extra])
+                             f"dist.learner_procs={group.env_world_size()}", *overrides])
     torch.manual_seed(0)
     updater = Updater.from_config(cfg, path, "cpu")
+    if SFT in extra:
+        return updater, SupervisedObjective(dft=False)
     return updater, RLObjective.from_config(cfg, updater)
+
+
+def prepared(objective: Objective) -> Batch:
+    """The fixed batch; for RL with algo.kl_coef the reference's log-probs added."""
+    batch = rl_batch()
+    return objective.with_reference(batch)[0] if isinstance(objective, RLObjective) else batch
+
+
+def update(updater: Updater, batch: Batch, step: int, objective: Objective) -> dict[str, float]:
+    passes = SFT_PASSES if isinstance(objective, SupervisedObjective) else {}
+    return updater.update(batch, step, objective, **passes)
 
 
 def full_weights(updater: Updater) -> dict[str, torch.Tensor]:
@@ -71,8 +89,8 @@ def run(path: str, strategy: str, out: str, resume_from: str | None = None, *ext
     updater.optimizer.register_step_pre_hook(lambda *_: grads.append(
         {n: plain(p.grad).clone() for n, p in updater.model.named_parameters() if p.grad is not None})
         if not grads else None)
-    batch, _ = objective.with_reference(rl_batch())  # with algo.kl_coef: the reference's log-probs
-    losses = [updater.update(batch, step, objective)["loss"] for step in range(1, STEPS + 1)]
+    batch = prepared(objective)
+    losses = [update(updater, batch, step, objective)["loss"] for step in range(1, STEPS + 1)]
     weights = full_weights(updater)
     pushed = push(updater)
     if group.is_main():
@@ -89,7 +107,7 @@ def resume(path: str, strategy: str, out: str, ckpt: str, *extra: str) -> None:
     again, objective = learner(path, strategy, *extra)
     again.load_sharded(Path(ckpt))
     loaded = full_weights(again)
-    again.update(objective.with_reference(rl_batch())[0], STEPS + 1, objective)
+    update(again, prepared(objective), STEPS + 1, objective)
     after = full_weights(again)  # a collective: every rank
     if group.is_main():
         torch.save({"loaded": loaded, "weights": after}, Path(out) / "resumed.pt")

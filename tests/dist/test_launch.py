@@ -4,6 +4,7 @@ checkpoint with DCP shards and the gathered HF model, which one process resumes.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from upslope.cli import main
 TINY_RUN = ["engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8",
             "train.eval_before=false", "train.eval_after=false", "log.progress=false", "log.plot=false",
             "log.tensorboard=false", "model.dtype=float32", "engine.dtype=float32", "train.precision=float32"]
+TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
 
 
 def test_unsupported_combination_is_one_line_before_any_rank_starts(tmp_path, capsys):
@@ -67,7 +69,7 @@ def test_lora_on_fsdp_resumes_a_one_process_adapter_and_exports_it(tiny_model_pa
 
     run = tmp_path / "run"
     args = ["train", f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, "lora.enabled=true",
-            "lora.rank=4", "optim.lr=1e-2"]
+            "lora.rank=4", "optim.lr=1e-2", f"reward=[{{name: '{TOY}:long_text'}}]"]  # rewards that differ
     assert main([*args, "train.steps=1"]) == 0
     assert main([*args, "train.steps=2", "train.resume=latest", "dist.learner_procs=2", "dist.strategy=fsdp"]) == 0
     step1, step2 = (run / "checkpoints" / f"step_00000{i}" for i in (1, 2))

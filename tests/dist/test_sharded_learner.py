@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow  # two spawned ranks load torch and transformers, 
 # reference is the same sharded model with the adapter switched off (through the FSDP root's forward)
 LORA = ["lora.enabled=true", "lora.rank=4", "algo.kl_coef=0.1"]
 VARIANTS = {"ddp": ["ddp"], "fsdp": ["fsdp"], "fsdp_bf16_moments": ["fsdp", "optim.state_dtype=bfloat16"],
-            "fsdp_lora": ["fsdp", *LORA]}
+            "fsdp_lora": ["fsdp", *LORA], "fsdp_rft": ["fsdp", shard_worker.SFT]}  # rft: SFT loss, 2 x 2 passes
 # fp32: the rounding of gradient sums taken in another order (weights are O(0.1), lr 1e-3, Adam's eps 1e-4).
 # bf16 moments: such a difference may round a moment to the neighbouring bf16 value, which moves that
 # update by up to lr * 2^-7 (1 bf16 ulp relative, doubled through the ratio m / sqrt(v)): 4 updates, 3e-5.
-TOLERANCE = {"ddp": 1e-6, "fsdp": 1e-6, "fsdp_bf16_moments": 3e-5, "fsdp_lora": 1e-6}
+TOLERANCE = {"ddp": 1e-6, "fsdp": 1e-6, "fsdp_bf16_moments": 3e-5, "fsdp_lora": 1e-6, "fsdp_rft": 1e-6}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -23,7 +23,10 @@ def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
         sys.exit(2)
 
 
-SHARDED_TRAINERS = ("train", "sft")  # the trainers whose every learner call runs on all ranks (tested)
+# the trainers whose every learner call runs on all ranks (tested); rft is SFT on the kept samples of
+# rank 0's broadcast batch. Not yet: dpo and rm (their pair metrics come from each rank's own pairs,
+# not gathered), distill (a whole teacher on every rank), PPO's critic (its state is not sharded)
+SHARDED_TRAINERS = ("train", "sft", "rft")
 
 
 def check_trainer(command: str, cfg: Config) -> None:
