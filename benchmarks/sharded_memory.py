@@ -79,7 +79,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (lora.* defaults) instead of every weight")
+    ap.add_argument("--lora", action="store_true",
+                    help="train a LoRA adapter (lora.* defaults) instead of every weight")
     ap.add_argument("--out", default="/tmp/sharded_memory")
     args = ap.parse_args()
     path = resolve_model(args.model)
