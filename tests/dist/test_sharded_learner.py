@@ -48,7 +48,7 @@ def runs(tiny_model_path, tmp_path_factory, one_torch_thread) -> Path:
 def test_two_ranks_update_like_one_process(runs, variant, tiny_state_dict):
     one = torch.load(runs / "one" / variant / "result.pt")
     two = torch.load(runs / "two" / variant / "result.pt")
-    assert two["losses"] == pytest.approx(one["losses"], abs=1e-6)
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-6, abs=1e-6)  # SFT's losses are ~10: relative
     assert max_diff(two["grads"], one["grads"]) < TOLERANCE[variant]
     assert max_diff(two["weights"], one["weights"]) < TOLERANCE[variant]
     assert max_diff(two["pushed"], one["pushed"]) < TOLERANCE[variant]  # what the engine gets (LoRA: merged)

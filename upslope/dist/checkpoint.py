@@ -12,7 +12,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 
-TRAINED = StateDictOptions(ignore_frozen_params=True)  # a LoRA run's frozen base is not checkpointed
+# a LoRA run's frozen base is not checkpointed (and so not expected back: DCP's load already fails
+# on a trained key the checkpoint lacks)
+TRAINED = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def save_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
