@@ -53,6 +53,7 @@ def run(path: str, strategy: str, rows: int, tokens: int, out: str, lora: bool =
     cfg = load_config(None, [f"model.name={path}", "model.dtype=float32", "train.precision=float32",
                              "optim.lr=1e-5", "train.micro_batch_tokens=256", f"dist.strategy={strategy}",
                              f"dist.learner_procs={group.world()}", f"lora.enabled={str(lora).lower()}"])
+    torch.manual_seed(0)  # the same LoRA adapter initialisation in the one process as on rank 0
     updater = Updater.from_config(cfg, path, "cpu")
     objective = RLObjective.from_config(cfg, updater)
     grad_bytes: list[int] = []

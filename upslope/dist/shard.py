@@ -53,12 +53,13 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
 
 
 def shard_model(model: Any, d: DistConfig, train: TrainConfig) -> Any:
-    """The model as this rank holds it: unchanged for ddp (the weights are already equal, being
-    loaded from the same files), FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy
-    that all-gathers bf16 and reduces gradients in fp32)."""
+    """The model as this rank holds it: rank 0's weights on every rank first (the loaded ones are
+    equal already, but a freshly initialised head or LoRA adapter is drawn on each rank), then
+    unchanged for ddp, FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy that
+    all-gathers bf16 and reduces gradients in fp32)."""
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
     if d.strategy == "ddp":
-        for p in model.parameters():  # the same start on every rank, even for freshly initialised heads
-            dist.broadcast(p.data, src=0)
         return model
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
