@@ -1,9 +1,10 @@
 """The sharded learner on the real SmolLM2-135M, on this CPU: 3 RL updates of the same batch in
-one process and in 2 gloo ranks (ddp, fsdp); prints the max abs weight difference to the one-
-process run, each rank's parameter + gradient + AdamW-state bytes and peak RSS, and the median
-update time.
+one process and in 2 gloo ranks (ddp, fsdp); prints the max abs weight difference to the
+one-process run, each rank's parameter + gradient + AdamW-state bytes and peak RSS, and the median
+update time. With --lora the policy trains a LoRA adapter (only its parameters have gradients
+and AdamW state; FSDP shards the frozen base weights too).
 
-    PYTHONPATH=$PWD python benchmarks/sharded_memory.py [--rows 8] [--tokens 48] [--out /tmp/sharded]
+    PYTHONPATH=$PWD python benchmarks/sharded_memory.py [--rows 8] [--tokens 48] [--lora] [--out /tmp/sharded]
 """
 from __future__ import annotations
 
@@ -45,13 +46,14 @@ def local_bytes(tensors) -> int:
     return sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors)
 
 
-def run(path: str, strategy: str, rows: int, tokens: int, out: str) -> None:
+def run(path: str, strategy: str, rows: int, tokens: int, out: str, lora: bool = False) -> None:
     """One rank (or the one process): 3 updates, then its numbers (and rank 0 the full weights) under `out`."""
     group.init_from_env("gloo", torch.device("cpu"))
     torch.set_num_threads(max(2 // group.world(), 1))
     cfg = load_config(None, [f"model.name={path}", "model.dtype=float32", "train.precision=float32",
                              "optim.lr=1e-5", "train.micro_batch_tokens=256", f"dist.strategy={strategy}",
-                             f"dist.learner_procs={group.world()}"])
+                             f"dist.learner_procs={group.world()}", f"lora.enabled={str(lora).lower()}"])
+    torch.manual_seed(0)  # the same LoRA adapter initialisation in the one process as on rank 0
     updater = Updater.from_config(cfg, path, "cpu")
     objective = RLObjective.from_config(cfg, updater)
     grad_bytes: list[int] = []
@@ -74,10 +76,12 @@ def run(path: str, strategy: str, rows: int, tokens: int, out: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--lora", action="store_true",
+                    help="train a LoRA adapter (lora.* defaults) instead of every weight")
     ap.add_argument("--out", default="/tmp/sharded_memory")
     args = ap.parse_args()
     path = resolve_model(args.model)
@@ -88,7 +92,7 @@ def main() -> None:
     for name, procs, strategy in (("1 process", 1, "ddp"), ("2 ranks ddp", 2, "ddp"), ("2 ranks fsdp", 2, "fsdp")):
         out = Path(args.out) / name.replace(" ", "_")
         out.mkdir(parents=True, exist_ok=True)
-        group.spawn(run, procs, path, strategy, args.rows, args.tokens, str(out))
+        group.spawn(run, procs, path, strategy, args.rows, args.tokens, str(out), args.lora)
         weights = torch.load(out / "weights.pt")
         reference = reference or weights
         diff = max(float((weights[k] - reference[k]).abs().max()) for k in reference)

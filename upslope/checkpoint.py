@@ -167,12 +167,7 @@ def check_resume(path: Path, step: int, steps: int, final_eval: bool = False) ->
 def load_model_weights(model: Any, path: Path) -> None:
     """Copy the checkpoint's weights into `model` in place (same architecture); a LoRA
     checkpoint holds only the adapter, which goes into a LoRA-wrapped `model`."""
-    adapter = lora.is_adapter_dir(path / "model")
-    if adapter != lora.is_adapted(model):
-        held, trains = ("a LoRA adapter", "the full model") if adapter else ("a full model", "a LoRA adapter")
-        raise UpslopeError(f"{path}: checkpoint holds {held}, but this run trains {trains} "
-                           f"(set lora.enabled as in the run that wrote it)")
-    if adapter:
+    if check_kind(path, lora.is_adapted(model)):
         lora.load_adapter(model, path / "model")
         return
     state = read_model_weights(path)
@@ -187,6 +182,26 @@ def load_model_weights(model: Any, path: Path) -> None:
     if real_missing or unexpected:
         raise UpslopeError(f"{path}: checkpoint does not match the model (missing {real_missing[:3]}, "
                            f"unexpected {unexpected[:3]})")
+
+
+def check_kind(path: Path, adapted: bool) -> bool:
+    """Does the checkpoint hold a LoRA adapter (rather than a full model)? One line when that is
+    not what this run trains (`adapted`)."""
+    adapter = lora.is_adapter_dir(path / "model")
+    if adapter != adapted:
+        held, trains = ("a LoRA adapter", "the full model") if adapter else ("a full model", "a LoRA adapter")
+        raise UpslopeError(f"{path}: checkpoint holds {held}, but this run trains {trains} "
+                           f"(set lora.enabled as in the run that wrote it)")
+    return adapter
+
+
+def read_trained_weights(path: Path, adapted: bool) -> dict[str, torch.Tensor]:
+    """What a one-process checkpoint trained, by the live model's parameter names, for a sharded
+    learner to load: the adapter's weights for a LoRA run (the frozen base is loaded already),
+    else the full model's."""
+    if check_kind(path, adapted):
+        return lora.adapter_weights(path / "model")
+    return read_model_weights(path)
 
 
 def read_model_weights(path: Path) -> dict[str, torch.Tensor]:

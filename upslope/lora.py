@@ -5,6 +5,7 @@ merge on load)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -66,7 +67,12 @@ class AdapterOff:
     what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`."""
 
     def __init__(self, model: Any):
+        from upslope.dist.shard import ENTRY
+
         self.model = model
+        sharded = getattr(model, ENTRY, None)  # an FSDP root gathers its weights only around this forward
+        if sharded is not None:
+            setattr(self, ENTRY, lambda *args, **kwargs: self._off(sharded, *args, **kwargs))
 
     def _off(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with self.model.disable_adapter():
@@ -84,19 +90,27 @@ class AdapterOff:
 
 
 def _merged(weight: torch.Tensor, layer: Any) -> torch.Tensor:
-    """W + scale * B @ A of one adapted linear layer (one fused addmm, in fp32), in W's dtype."""
-    a, b = layer.lora_A[ADAPTER].weight.float(), layer.lora_B[ADAPTER].weight.float()
+    """W + scale * B @ A of one adapted linear layer (one fused addmm, in fp32), in W's dtype; each
+    operand gathered whole from its shards first when the model is FSDP-sharded."""
+    from upslope.dist.shard import plain
+
+    a, b = plain(layer.lora_A[ADAPTER].weight).float(), plain(layer.lora_B[ADAPTER].weight).float()
+    weight = plain(weight)
     return torch.addmm(weight.float(), b, a, alpha=layer.scaling[ADAPTER]).to(weight.dtype)
 
 
 @torch.no_grad()
-def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(model: Any, main: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """What the adapter changes, as full tensors under the base model's HF names: every parameter
     of each block (attention, MLP) that holds an adapted layer, W + scale * B @ A for the adapted
     weights, without touching the model. Whole blocks, because vLLM fuses q/k/v and gate/up into
     one tensor, and a partial update of a fused tensor would leave its other parts unset; all
-    other weights are frozen, so the engine still has them."""
+    other weights are frozen, so the engine still has them. From an FSDP-sharded model one tensor
+    at a time is gathered (a collective: every rank runs the iteration to its end, and only the
+    `main` rank gets the tensors)."""
     from peft.tuners.lora import LoraLayer
+
+    from upslope.dist.shard import plain
 
     modules = dict(model.get_base_model().named_modules())
     blocks = sorted({name.rpartition(".")[0] for name, m in modules.items() if isinstance(m, LoraLayer)})
@@ -109,10 +123,21 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             sent.add(name)
             if owner.endswith(".base_layer"):
                 owner = owner[: -len(".base_layer")]
-                if leaf == "weight":
-                    yield f"{owner}.weight", _merged(p.detach(), modules[owner])
-                    continue
-            yield f"{owner}.{leaf}", p.detach()
+                full = _merged(p.detach(), modules[owner]) if leaf == "weight" else plain(p.detach())
+            else:
+                full = plain(p.detach())
+            if main:
+                yield f"{owner}.{leaf}", full
+            del full
+
+
+def adapter_weights(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    """A saved adapter's weights under the adapted model's own parameter names (PEFT saves them
+    without the adapter's name: `...q_proj.lora_A.weight` is the live `...q_proj.lora_A.default.weight`)."""
+    from safetensors.torch import load_file
+
+    return {re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER}.", k): v
+            for k, v in load_file(adapter_dir / ADAPTER_WEIGHTS).items()}
 
 
 def load_adapter(model: Any, adapter_dir: Path) -> None:

@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 def check(*overrides: str) -> None:
     """check_combination on the default config (fp32 weights, whatever this machine's auto picks) plus `overrides`."""
     cfg = load_config(None, ["model.dtype=float32", "engine.dtype=float32", "train.precision=float32", *overrides])
-    check_combination(cfg.dist, cfg.optim, cfg.model, cfg.lora, CPU)
+    check_combination(cfg.dist, cfg.optim, cfg.model, CPU)
 
 
 def test_defaults_are_one_process():
@@ -28,7 +28,6 @@ def test_defaults_are_one_process():
 @pytest.mark.parametrize("overrides, words", [
     (["optim.state_dtype=int8"], "8-bit AdamW moments"),
     (["model.dtype=bfloat16", "train.precision=bfloat16"], "8-bit AdamW moments"),  # auto: int8 with bf16 weights
-    (["lora.enabled=true"], "LoRA"),
     (["dist.cpu_offload=true"], "GPU learner"),
     (["dist.backend=nccl"], "needs GPUs"),
 ])
@@ -39,7 +38,7 @@ def test_unsupported_combination_is_one_line(overrides, words):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["dist.strategy=ddp", "optim.state_dtype=int8"], ["dist.strategy=ddp", "lora.enabled=true"],
+    ["dist.strategy=ddp", "optim.state_dtype=int8"], ["dist.strategy=ddp", "lora.enabled=true"], ["lora.enabled=true"],
     ["optim.state_dtype=bfloat16", "model.dtype=bfloat16", "train.precision=bfloat16"],
     ["optim.state_dtype=int8"],  # one process: every optimiser path as today
 ])

@@ -4,14 +4,17 @@ checkpoint with DCP shards and the gathered HF model, which one process resumes.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from upslope.cli import main
 
 TINY_RUN = ["engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8",
             "train.eval_before=false", "train.eval_after=false", "log.progress=false", "log.plot=false",
             "log.tensorboard=false", "model.dtype=float32", "engine.dtype=float32", "train.precision=float32"]
+TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
 
 
 def test_unsupported_combination_is_one_line_before_any_rank_starts(tmp_path, capsys):
@@ -50,3 +53,36 @@ def test_trainers_not_sharded_yet_are_one_line(tmp_path, capsys, command, overri
     rc = main([command, f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp", *overrides])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and words in err and "\n" not in err
+
+
+@pytest.mark.slow  # a one-process run, then two spawned ranks resuming it: ~1-2 min on 2 busy cores
+def test_lora_on_fsdp_resumes_a_one_process_adapter_and_exports_it(tiny_model_path, tmp_path, capsys):
+    """LoRA with FSDP through the command line: a one-process LoRA checkpoint (the adapter alone)
+    resumes on 2 ranks (each keeps its shards of the adapter and its AdamW state), whose checkpoint
+    again holds only the adapter, gathered from the shards, and `upslope export` merges it into
+    a plain model with the adapted model's outputs."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from upslope import lora
+    from upslope.models import load_model
+
+    run = tmp_path / "run"
+    args = ["train", f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, "lora.enabled=true",
+            "lora.rank=4", "optim.lr=1e-2", f"reward=[{{name: '{TOY}:long_text'}}]"]  # rewards that differ
+    assert main([*args, "train.steps=1"]) == 0
+    assert main([*args, "train.steps=2", "train.resume=latest", "dist.learner_procs=2", "dist.strategy=fsdp"]) == 0
+    step1, step2 = (run / "checkpoints" / f"step_00000{i}" for i in (1, 2))
+    assert lora.is_adapter_dir(step2 / "model") and (step2 / "sharded" / ".metadata").is_file()
+    assert not list((step2 / "model").glob("model*.safetensors"))  # no full model beside the adapter
+    before, after = (load_file(s / "model" / lora.ADAPTER_WEIGHTS) for s in (step1, step2))
+    assert before.keys() == after.keys()
+    assert max(float((after[k] - before[k]).abs().max()) for k in after) > 1e-4  # step 2 trained on 2 ranks
+    out = tmp_path / "merged"
+    assert main(["export", str(step2), str(out)]) == 0
+    ids = torch.randint(5, 2000, (2, 10), generator=torch.Generator().manual_seed(0))
+    adapted = PeftModel.from_pretrained(load_model(tiny_model_path), str(step2 / "model")).eval()
+    with torch.no_grad():
+        assert torch.allclose(load_model(str(out)).eval()(input_ids=ids).logits, adapted(input_ids=ids).logits,
+                              atol=1e-4)
+    capsys.readouterr()

@@ -119,6 +119,17 @@ def test_only_blocks_with_an_adapter_are_pushed(base):
     assert names == [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "qkvo"]
 
 
+def test_saved_adapter_reads_back_under_the_live_parameter_names(base, tmp_path):
+    """A saved adapter's tensors by the adapted model's own names (what a sharded learner loads
+    a one-process LoRA checkpoint by): exactly the trainable parameters, with their values."""
+    model = adapted(base, rank=4)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    live = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    read = lora.adapter_weights(tmp_path)
+    assert read.keys() == live.keys() and len(read) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
+    assert all(torch.equal(read[k], live[k]) for k in live)
+
+
 def test_reference_is_the_base_model_without_a_second_copy(base):
     """AdapterOff gives the base model's log-probs through both forward paths; the policy differs."""
     model = adapted(base, seed=3)

@@ -23,7 +23,10 @@ def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
         sys.exit(2)
 
 
-SHARDED_TRAINERS = ("train", "sft")  # the trainers whose every learner call runs on all ranks (tested)
+# the trainers whose every learner call runs on all ranks (tested); rft is SFT on the kept samples of
+# rank 0's broadcast batch. Not yet: dpo and rm (their pair metrics come from each rank's own pairs,
+# not gathered), distill (a whole teacher on every rank), PPO's critic (its state is not sharded)
+SHARDED_TRAINERS = ("train", "sft", "rft")
 
 
 def check_trainer(command: str, cfg: Config) -> None:
@@ -45,7 +48,7 @@ def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) 
     from upslope.train.learner.updater import default_device
 
     procs, env = cfg.dist.learner_procs, group.env_world_size()
-    check_combination(cfg.dist, cfg.optim, cfg.model, cfg.lora, default_device())
+    check_combination(cfg.dist, cfg.optim, cfg.model, default_device())
     if max(procs, env) > 1:
         check_trainer(command, cfg)
     if env > 1 or procs == 1:  # torchrun started this rank, or one process

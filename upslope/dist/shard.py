@@ -6,7 +6,9 @@ numbers of micro-batches, balanced by tokens rather than by count, and DDP's red
 all-reduce after every backward or need the same number of backwards on every rank; one sum per
 optimiser step also matches the loss normalisers, which already divide by the GLOBAL counts).
 fsdp: FSDP2 `fully_shard` on each decoder layer, then on the root (the embeddings, the tied
-head and the final norm), so parameters, gradients and optimiser state are DTensor shards."""
+head and the final norm), so parameters, gradients and optimiser state are DTensor shards.
+A LoRA-wrapped policy is sharded the same way: each decoder layer's unit holds its frozen base
+weights and its adapter matrices, and only the adapter's gradients are reduced."""
 from __future__ import annotations
 
 import functools
@@ -16,13 +18,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from upslope.config import DistConfig, LoraConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.config import DistConfig, ModelConfig, OptimConfig, TrainConfig
 from upslope.dist.group import world
 from upslope.errors import ConfigError
 
 
-def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, lora_cfg: LoraConfig,
-                      device: torch.device) -> None:
+def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, device: torch.device) -> None:
     """One ConfigError line for a dist option combination the sharded learner cannot run."""
     if d.learner_procs == 1:
         return
@@ -32,9 +33,6 @@ def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, lor
             raise ConfigError("dist.strategy=fsdp: 8-bit AdamW moments are quantised in 256-value blocks of the whole "
                               "tensor and cannot be sharded; set optim.state_dtype=bfloat16 or float32 (or "
                               "dist.strategy=ddp)")
-        if lora_cfg.enabled:
-            raise ConfigError("dist.strategy=fsdp does not shard a LoRA adapter yet; use dist.strategy=ddp with "
-                              "lora.enabled=true")
     if d.cpu_offload and (d.strategy != "fsdp" or device.type != "cuda"):
         raise ConfigError("dist.cpu_offload=true keeps FSDP shards in CPU memory while a GPU computes: it needs "
                           "dist.strategy=fsdp and a GPU learner")
@@ -43,8 +41,10 @@ def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, lor
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
-    """The repeated transformer blocks (HF causal LMs: model.model.layers), each one FSDP unit."""
-    inner = getattr(model, "model", None)
+    """The repeated transformer blocks (HF causal LMs: model.model.layers; under a LoRA adapter
+    those of the wrapped base model, adapter layers included), each one FSDP unit."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ConfigError(f"dist.strategy=fsdp: {type(model).__name__} has no model.layers to shard per decoder "
@@ -53,12 +53,13 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
 
 
 def shard_model(model: Any, d: DistConfig, train: TrainConfig) -> Any:
-    """The model as this rank holds it: unchanged for ddp (the weights are already equal, being
-    loaded from the same files), FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy
-    that all-gathers bf16 and reduces gradients in fp32)."""
+    """The model as this rank holds it: rank 0's weights on every rank first (the loaded ones are
+    equal already, but a freshly initialised head or LoRA adapter is drawn on each rank), then
+    unchanged for ddp, FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy that
+    all-gathers bf16 and reduces gradients in fp32)."""
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
     if d.strategy == "ddp":
-        for p in model.parameters():  # the same start on every rank, even for freshly initialised heads
-            dist.broadcast(p.data, src=0)
         return model
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -237,7 +237,7 @@ class BaseTrainer:
         if (path / ckpt.SHARDED).is_dir():  # weights and optimiser state as DCP shards, for any number of ranks
             self.updater.load_sharded(path / ckpt.SHARDED)
         elif group.world() > 1:  # a one-process checkpoint: every rank reads it whole and keeps its shards
-            self.updater.load_full(ckpt.read_model_weights(path), state["optimizer"])
+            self.updater.load_full(ckpt.read_trained_weights(path, self.cfg.lora.enabled), state["optimizer"])
             state = {**state, "optimizer": SHARDED_STATE}
         else:
             ckpt.load_model_weights(self.updater.model, path)

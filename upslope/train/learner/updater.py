@@ -56,7 +56,7 @@ class Updater:
         self.model_cfg, self.train_cfg, self.optim_cfg, self.lora_cfg = model, train, optim, lora_cfg
         self.device = torch.device(device) if device is not None else default_device()
         self.dist_cfg = dist or DistConfig()
-        shard.check_combination(self.dist_cfg, optim, model, lora_cfg, self.device)
+        shard.check_combination(self.dist_cfg, optim, model, self.device)
         self.model = loader(model_path, model).to(self.device)
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if train.lean_activations:
@@ -308,9 +308,13 @@ class Updater:
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The full weights by HF name for an HF-format export: gathered from the shards onto rank 0
-        (empty on the other ranks; every rank must call it), the model's own state dict in one process."""
+        (empty on the other ranks; every rank must call it), the model's own state dict in one process.
+        With LoRA only the adapter's (trainable) parameters: the checkpoint holds the adapter alone."""
         if group.world() == 1:
             return self.model.state_dict()
+        if self.lora_cfg.enabled:
+            adapter = ((n, shard.plain(p.detach()).cpu()) for n, p in self.model.named_parameters() if p.requires_grad)
+            return {n: t for n, t in adapter if group.is_main()}
         from upslope.dist.checkpoint import gathered_weights
 
         return gathered_weights(self.model)
@@ -318,8 +322,8 @@ class Updater:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's parameters by HF name, for pushing into the rollout engine. With LoRA only
         the blocks the adapter changes, merged (the engine keeps the frozen rest since its start)."""
-        if self.lora_cfg.enabled:
-            yield from lora.merged_weights(self.model)
+        if self.lora_cfg.enabled:  # across ranks: gathered one tensor at a time, on rank 0
+            yield from lora.merged_weights(self.model, group.is_main())
             return
         if group.world() > 1:  # one full parameter at a time from the shards, on rank 0
             yield from shard.full_weights(self.model, group.is_main())

@@ -34,12 +34,12 @@ class RFTTrainer(BaseTrainer):
         self.setup_task()
         self.objective = SupervisedObjective(cfg.sft.dft)  # fine-tunes the model's own distribution (temperature 1)
         self.samples_path = self.run_dir / SAMPLES_FILE
-        if not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
+        if self.main and not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
             self.samples_path.unlink()
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
-        """Drop samples written by rounds after the checkpoint (they are sampled again)."""
-        if self.samples_path.exists():
+        """Drop samples written by rounds after the checkpoint (they are sampled again); rank 0 owns the file."""
+        if self.main and self.samples_path.exists():
             step = int(state["step"])
             rows = [x for x in self.samples_path.read_text().splitlines() if json.loads(x)["round"] <= step]
             self.samples_path.write_text("".join(r + "\n" for r in rows))
@@ -56,7 +56,7 @@ class RFTTrainer(BaseTrainer):
         kept = batch.select(kept_idx)
         metrics.update({"rft/kept": float(len(kept_idx)), "rft/kept_frac": len(kept_idx) / batch.size,
                         "rft/prompts_with_kept": float(kept.num_groups if kept.size else 0) / got.drawn})
-        if r.write_samples:
+        if r.write_samples and self.main:
             self.write_samples(kept, [got.indices[g] for g in kept.group_ids.tolist()], step)
         if not kept.size:
             metrics["skipped"] = 1.0  # nothing passed: no update
