@@ -105,6 +105,8 @@ class RolloutPipe:
         if ready:
             ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
         for ref in ready:
+            if ref not in self.inflight:  # re-issued already: its worker died and was restarted
+                continue
             worker, job = self.inflight.pop(ref)
             try:
                 done: Done = ray.get(ref)
@@ -131,7 +133,7 @@ class RolloutPipe:
         self.restarts += 1
         self.warn(f"rollout worker {worker} died ({type(exc).__name__}); Ray restarts it "
                   f"(restart {self.restarts}); re-pushing weights v{self.version} and re-issuing "
-                  f"{len(job.indices)} prompt groups of step {job.key[0]}")
+                  f"its jobs (step {job.key[0]} first)")
         handle = self.workers[worker]
         deadline = time.time() + 300
         while True:  # calls fail while the actor is being restarted
@@ -145,6 +147,9 @@ class RolloutPipe:
         if self.weights is not None:
             ray.get(handle.set_weights.remote(self.version, self.weights))
         self.enqueue(job)
+        for ref in [r for r, (w, _) in self.inflight.items() if w == worker]:  # lost with the same process
+            self.enqueue(self.inflight.pop(ref)[1])
+            self.discard.discard(ref)
 
     def take(self, step: int, round_: int) -> tuple[Batch, int]:
         """The groups of (step, round), in order, once all are done with weights at most
