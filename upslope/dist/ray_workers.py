@@ -45,13 +45,17 @@ class RolloutWorker:
     """One rollout worker (a Ray actor when wrapped by `ray.remote`): an engine of the run's
     config and its rollout plugin, optionally pinned to one core."""
 
-    def __init__(self, cfg: Config, worker: int, pad_id: int, cores: list[int] | None = None):
+    def __init__(self, cfg: Config, worker: int, pad_id: int, cores: list[int] | None = None, nice: int = 0):
         from upslope.models import load_tokenizer, resolve_model
         from upslope.runtime import build_engine
         from upslope.train.collect import make_rollout
 
         if cores:
             os.sched_setaffinity(0, cores)
+        try:  # Ray starts workers at niceness 15; generation is the run's main work, so take the learner's
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except PermissionError:
+            pass
         torch.set_num_threads(max(len(os.sched_getaffinity(0)), 1) if cfg.train.threads == 0 else cfg.train.threads)
         torch.use_deterministic_algorithms(cfg.train.deterministic, warn_only=True)
         self.worker = worker
@@ -107,5 +111,6 @@ def spawn_workers(cfg: Config, pad_id: int) -> list[Any]:
     actor = ray.remote(RolloutWorker).options(num_cpus=d.worker_cpus, num_gpus=d.worker_gpus,
                                               resources=dict(d.worker_resources) or None,
                                               max_restarts=d.max_restarts, max_task_retries=0)
-    return [actor.remote(cfg, i, pad_id, [d.worker_cores[i % len(d.worker_cores)]] if d.worker_cores else None)
+    cores = [[d.worker_cores[i % len(d.worker_cores)]] if d.worker_cores else None for i in range(d.rollout_workers)]
+    return [actor.remote(cfg, i, pad_id, cores[i], os.getpriority(os.PRIO_PROCESS, 0))
             for i in range(d.rollout_workers)]
