@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from upslope.config_base import Plugin, RewardSpec, Section, opt, opt_factory
-from upslope.config_commands import DistConfig, DistillConfig, DPOConfig, RFTConfig, RMConfig, SFTConfig
+from upslope.config_commands import DistConfig, DistillConfig, DPOConfig, PipelineConfig, RFTConfig, RMConfig, SFTConfig
 from upslope.errors import ConfigError, UpslopeError
 
 
@@ -291,7 +291,10 @@ class Config(Section):
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     rm: RMConfig = opt_factory(RMConfig, "reward-model training (upslope rm)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
-    dist: DistConfig = opt_factory(DistConfig, "sharded learner across processes (DDP / FSDP2)")
+    dist: DistConfig = opt_factory(DistConfig, "sharded learner across processes (DDP / FSDP2) and rollout "
+                                               "workers on Ray")
+    pipeline: PipelineConfig = opt_factory(PipelineConfig, "asynchronous rollout -> learner pipeline (staleness, "
+                                                           "partial groups, streaming)")
     _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
 
     @field_validator("plugins", mode="before")

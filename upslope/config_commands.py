@@ -96,3 +96,25 @@ class DistConfig(Section):
                                                    "and optimiser state split across ranks)")
     cpu_offload: bool = opt(False, "fsdp: keep the parameter shards and optimiser state in CPU memory (GPU runs)")
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "collective backend (auto: nccl on GPUs, gloo on CPU)")
+    rollout_workers: int = opt(0, "rollout workers as Ray actors, each with its own engine (0: the in-process "
+                                  "engine of the synchronous loop)", ge=0)
+    address: str = opt("", "Ray cluster address for the workers ('' : start a local Ray; 'auto' or HOST:PORT: "
+                            "join a cluster started with `ray start --head`)")
+    worker_cpus: float = opt(1.0, "CPUs Ray reserves for each rollout worker", gt=0)
+    worker_gpus: float = opt(0.0, "GPUs Ray reserves for each rollout worker (untested: no GPU run yet)", ge=0)
+    worker_resources: dict[str, float] = opt({}, "custom Ray resources each worker needs (e.g. {rollout: 1} to "
+                                                 "place workers on nodes started with that resource)")
+    worker_cores: list[int] = opt([], "pin worker i to CPU core worker_cores[i % len] (os.sched_setaffinity); "
+                                      "empty: no pinning")
+    max_restarts: int = opt(3, "times Ray restarts a rollout worker that died (its groups are re-issued)", ge=0)
+
+
+class PipelineConfig(Section):
+    """The asynchronous pipeline between the rollout workers and the learner (dist.rollout_workers > 0)."""
+    max_staleness: int = opt(0, "weight versions a sample may lag the learner (0: synchronous; older samples are "
+                                "dropped and regenerated)", ge=0)
+    partial: Literal["finish", "discard"] = opt("finish", "groups in flight when new weights arrive: finish them "
+                                                          "with the old weights, or discard and regenerate them")
+    chunk_groups: int = opt(0, "prompt groups per worker job, handed to the learner as each job completes "
+                               "(0: a whole rollout round per job, as the synchronous loop generates it)", ge=0)
+    queue_depth: int = opt(2, "jobs queued on each worker at once (keeps it busy while the learner updates)", ge=1)

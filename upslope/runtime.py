@@ -29,18 +29,9 @@ class Runtime:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            from upslope.rollout.engines import make_engine
-
             # when the run really starts (bad input has been reported by then, as the only line)
             announce_hardware(self.cfg, self.announce)
-            r = self.cfg.rollout
-            max_len = r.max_prompt_tokens + max(r.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
-            batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
-            from upslope.hardware import learner_device
-
-            self._engine = make_engine(self.cfg.engine, self.model_path, self.tokenizer, self.cfg.model.dtype,
-                                       max_len, kv_tokens=batch_tokens, threads=engine_threads(self.cfg),
-                                       device=learner_device())
+            self._engine = build_engine(self.cfg, self.model_path, self.tokenizer)
             if self._engine.device != "cpu":
                 self.announce(f"rollout engine: {self._engine.name} on {self._engine.device}")
         return self._engine
@@ -54,6 +45,19 @@ class Runtime:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Engine:
+    """The run's rollout engine (engine registry), sized for one rollout batch: the in-process one and
+    each Ray rollout worker's are built here alike, on the device a learner would use there."""
+    from upslope.hardware import learner_device
+    from upslope.rollout.engines import make_engine
+
+    r = cfg.rollout
+    max_len = r.max_prompt_tokens + max(r.max_new_tokens, cfg.eval.max_new_tokens or 0)
+    batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
+    return make_engine(cfg.engine, model_path, tokenizer, cfg.model.dtype, max_len, kv_tokens=batch_tokens,
+                       threads=engine_threads(cfg), device=learner_device())
 
 
 def engine_threads(cfg: Config) -> int:

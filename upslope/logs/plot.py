@@ -47,3 +47,32 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path 
         lines.append(("accuracy", "train accuracy", {"lw": 0.8, "alpha": 0.6}))
     lines.append(("eval/accuracy", "held-out accuracy (greedy)", {"fmt": "o-", "color": "black"}))
     return plot_curves(records, out, lines, title)
+
+
+def plot_timeline(events: list[dict[str, Any]], out: Path, title: str = "") -> Path | None:
+    """Who was busy when in one run (a row per worker, the learner's update and its wait for
+    rollouts, and the weight pushes), from a pipeline run's timeline.jsonl; None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if not events:
+        return None
+    t0 = min(e["start"] for e in events)
+    rows = sorted({e["who"] for e in events}, key=lambda w: (w.startswith("worker"), w))
+    colors = {"learner": "tab:blue", "learner_wait": "lightgray", "push": "tab:red"}
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.5))
+    for y, who in enumerate(rows):
+        spans = [(e["start"] - t0, max(e["end"] - e["start"], 1e-3)) for e in events if e["who"] == who]
+        ax.broken_barh(spans, (y - 0.35, 0.7), color=colors.get(who, "tab:green"))
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel("seconds since the first event")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

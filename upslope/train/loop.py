@@ -19,6 +19,7 @@ from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler
+from upslope.errors import ConfigError
 from upslope.dist import group
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
@@ -34,9 +35,14 @@ from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
 from upslope.train.timing import StageClock, throughput
 
 
+def step_seed(seed: int, step: int) -> int:
+    """The seed of (run seed, step), without seeding anything (prefetched rollouts use it ahead of time)."""
+    return (seed * 1_000_003 + step * 7_919) % (2**31)
+
+
 def seed_step(seed: int, step: int) -> int:
     """Seed every RNG from (seed, step), so a resumed run repeats the same randomness."""
-    s = (seed * 1_000_003 + step * 7_919) % (2**31)
+    s = step_seed(seed, step)
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
@@ -78,9 +84,31 @@ class BaseTrainer:
         self.start_step = 0
         if t.resume:  # before the engine starts: a bad checkpoint is reported at once
             self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
-        if self.uses_engine and self.main:
+        self.current_step = self.start_step  # the weights version the learner is at
+        self.pipe = self.start_pipe()
+        if self.uses_engine and self.main and self.pipe is None:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
         self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
+
+    def start_pipe(self) -> Any:
+        """With dist.rollout_workers > 0 (rank 0 of a method that samples a task): the Ray rollout
+        workers and the asynchronous pipeline feeding `collect`; else None (the in-process engine)."""
+        if not (self.cfg.dist.rollout_workers and self.uses_engine and self.main and hasattr(self, "task")):
+            return None
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(f"dist.rollout_workers={self.cfg.dist.rollout_workers}: ray is not installed "
+                              f"(pip install 'upslope[ray]')")
+        if group.world() > 1:
+            raise ConfigError("dist.rollout_workers > 0 with several learner ranks is not supported yet; "
+                              "set dist.learner_procs=1")
+        from upslope.train.async_pipe import RolloutPipe
+
+        pipe = RolloutPipe(self.cfg, self.task, self.runtime.tokenizer.pad_token_id, self.start_step,
+                           warn=self.report.warn)
+        pipe.restore(getattr(self, "_pipe_pending", {}), lambda s: self.sampling_params(s, 0))
+        return pipe
 
     def check_config(self) -> None:
         """Reject option combinations the method cannot run (one ConfigError line)."""
@@ -138,6 +166,9 @@ class BaseTrainer:
         several learner ranks rank 0 collects and every rank gets the batch."""
         if not self.main:
             return group.broadcast(None)
+        if self.pipe is not None:
+            return self.collect_from_pipe(step, want=want, per_round=per_round or want, refill=refill,
+                                          max_rounds=max_rounds, keep=keep)
         got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
@@ -146,10 +177,32 @@ class BaseTrainer:
         engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
         return group.broadcast(got)
 
+    def collect_from_pipe(self, step: int, *, want: int, per_round: int, refill: bool, max_rounds: int,
+                          keep: Callable[[Batch], Batch] | None) -> Collected:
+        """The collect stage with the groups from the Ray rollout workers (dist.rollout_workers): this
+        step's admitted ahead, later steps admitted as far as pipeline.max_staleness allows."""
+        from upslope.train.async_pipe import StepFeed
+
+        pipe = self.pipe
+        pipe.prefetch(min(self.cfg.train.steps, pipe.version + 1 + self.cfg.pipeline.max_staleness),
+                      self.sampler.next, per_round, lambda s: self.sampling_params(s, 0))
+        feed = StepFeed(pipe, step, self.sampler.next, self.sampling_params)
+        got = collect(None, self.task, feed.draw, lambda round_: self.sampling(step, round_),  # type: ignore[arg-type]
+                      self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round, refill=refill,
+                      max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock)
+        got.metrics["pipeline/max_lag"] = float(feed.max_lag)
+        return got
+
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
+        """The step's sampling parameters; (re)seeds every RNG from the step, as the synchronous loop always has."""
+        seed_step(self.cfg.train.seed, step)
+        return self.sampling_params(step, round_, n)
+
+    def sampling_params(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
+        """The sampling parameters of (step, round) without touching any RNG (for groups generated ahead)."""
         r = self.cfg.rollout
         return SamplingParams(n=n or r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, seed=seed_step(self.cfg.train.seed, step) + round_,
+                              max_new_tokens=r.max_new_tokens, seed=step_seed(self.cfg.train.seed, step) + round_,
                               stop_token_ids=self.runtime.stop_ids)
 
     def sync_weights(self) -> None:
@@ -159,6 +212,13 @@ class BaseTrainer:
         if not self.main:
             for _ in self.updater.named_weights():
                 pass
+            return
+        if self.pipe is not None:  # the Ray workers; the in-process engine (evaluation) is synced when it evaluates
+            self.pipe_push_s = self.pipe.push(self.updater.named_weights(), self.current_step)
+            self.pipe.prefetch(min(self.cfg.train.steps, self.current_step + 1 + self.cfg.pipeline.max_staleness),
+                               self.sampler.next, self.cfg.rollout.prompts_per_step,
+                               lambda s: self.sampling_params(s, 0))
+            release_freed_memory()
             return
         self.runtime.engine.update_weights(self.updater.named_weights())
         release_freed_memory(self.updater.device)
@@ -194,15 +254,27 @@ class BaseTrainer:
     def timed_step(self, step: int) -> dict[str, Any]:
         """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
         self.clock = StageClock()
+        self.current_step = step
+        self.pipe_push_s = 0.0
         with self.clock("step"):
             metrics = self.step(step)
         metrics.update(self.clock.metrics())
         metrics.update(throughput(metrics))
+        if self.pipe is not None:
+            seconds = self.clock.seconds["step"]
+            metrics.update(self.pipe.step_metrics(seconds))
+            metrics["pipeline/weight_push_s"] = self.pipe_push_s
+            metrics["pipeline/learner_busy"] = self.clock.seconds.get("learner", 0.0) / max(seconds, 1e-9)
+            self.pipe.events.extend({"who": "learner" if stage != "rollout" else "learner_wait", "start": t0,
+                                     "end": t1, "step": step} for stage, t0, t1 in self.clock.spans
+                                    if stage in ("learner", "sync", "rollout"))
         return metrics
 
     def evaluate(self, step: int) -> dict[str, Any]:
         if not self.uses_engine and step > 0:  # the engine has not been following the learner's updates
             self.sync_weights()
+        elif self.pipe is not None and step > 0:  # the Ray workers followed the updates; the local engine did not
+            self.runtime.engine.update_weights(self.updater.named_weights())
         if not self.main:
             return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
@@ -216,6 +288,8 @@ class BaseTrainer:
         state = {"step": step, **self.updater.state(), "rng": ckpt.rng_state(),
                  "sampler": self.sampler.state_dict() if self.sampler is not None else None,
                  "engine_version": self.runtime.engine_version}
+        if self.pipe is not None:  # steps drawn ahead: regenerated with these weights on resume
+            state["pipeline"] = self.pipe.pending()
         state.update(self.extra_state())
         ckpt_dir = self.run_dir / "checkpoints"
         if group.world() == 1:
@@ -245,6 +319,7 @@ class BaseTrainer:
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.load_extra_state(state, path)
+        self._pipe_pending = state.get("pipeline") or {}
         ckpt.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
         self.report.info(f"resumed from {path} at step {self.start_step}")
@@ -265,4 +340,11 @@ class BaseTrainer:
         return self.cfg.algo.advantage.name
 
     def close(self) -> None:
+        if self.pipe is not None:
+            import json
+
+            with open(self.run_dir / "timeline.jsonl", "w") as f:  # who was busy when (benchmarks/async_timeline.py)
+                f.writelines(json.dumps(e) + "\n" for e in self.pipe.events)
+            self.pipe.close()
+            self.pipe = None
         self.runtime.close()

@@ -13,15 +13,17 @@ class StageClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.spans: list[tuple[str, float, float]] = []  # (stage, wall start, wall end): the run's timeline
 
     @contextlib.contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         """Time the block and add it to `stage`."""
-        t0 = time.perf_counter()
+        t0, wall = time.perf_counter(), time.time()
         try:
             yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+            self.spans.append((stage, wall, time.time()))
 
     def metrics(self) -> dict[str, float]:
         """`time/<stage>` for every stage timed so far."""

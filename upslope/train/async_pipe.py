@@ -1,0 +1,265 @@
+"""The asynchronous pipeline between rollout workers (Ray actors) and the learner: jobs of prompt
+groups are admitted up to `pipeline.max_staleness` steps ahead of the learner, handed out lowest
+(step, round) first so the next batch completes first, and their groups come back tagged with the
+weight version that generated them. Too-stale groups are dropped and regenerated; a worker that
+dies is restarted by Ray, gets the current weights again, and its jobs are re-issued.
+
+max_staleness=0 admits a step only after the previous update, one job per rollout round: with one
+worker the batches, and so the run, are those of the synchronous loop."""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from upslope.batch import Batch, concat
+from upslope.config import Config
+from upslope.dist.ray_workers import Done, Job, spawn_workers, start_ray
+from upslope.rollout.base import SamplingParams
+from upslope.train.collect import Task
+
+
+class RolloutPipe:
+    """Admission, dispatch, the buffer of finished groups and the weight push for N rollout workers."""
+
+    def __init__(self, cfg: Config, task: Task, pad_id: int, version: int, warn: Callable[[str], None] = print):
+        import ray
+
+        self.cfg, self.task, self.pad_id, self.warn = cfg, task, pad_id, warn
+        self.p = cfg.pipeline
+        self.started_ray = start_ray(cfg.dist.address)
+        self.workers = spawn_workers(cfg, pad_id)
+        ray.get([w.pid.remote() for w in self.workers])  # every engine is up before step 1 is timed
+        self.version = version  # the learner's: updates made so far
+        self.weights: Any = None  # object ref of the current versioned state dict
+        self.queue: list[tuple[tuple[int, int, int], int, Job]] = []  # admitted, not yet dispatched
+        self.seq = 0
+        self.inflight: dict[Any, tuple[int, Job]] = {}  # object ref -> (worker, job)
+        self.discard: set[Any] = set()  # in flight at a weight change with partial=discard
+        self.buffer: dict[tuple[int, int], list[Done]] = {}  # finished, waiting for the learner
+        self.admitted: dict[int, list[int]] = {}  # step -> its round-0 prompt indices (drawn ahead)
+        self.next_step = version + 1  # the first step not admitted yet
+        self.stats: Counter[str] = Counter()
+        self.lags: Counter[int] = Counter()
+        self.events: list[dict[str, Any]] = []  # the timeline: who was busy when
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ admission
+
+    def admissible(self, step: int) -> bool:
+        """A step's groups may be generated once the learner is at most max_staleness versions behind."""
+        return step - 1 - self.version <= self.p.max_staleness
+
+    def admit(self, step: int, round_: int, indices: Sequence[int], params: SamplingParams, group_offset: int) -> None:
+        """Queue the jobs of one rollout round (split into chunk_groups prompts each)."""
+        chunk = self.p.chunk_groups or max(len(indices), 1)
+        for c, start in enumerate(range(0, len(indices), chunk)):
+            job = Job((step, round_, c), list(indices[start:start + chunk]), group_offset + start, params)
+            self.enqueue(job)
+        self.stats[f"jobs/{step}/{round_}"] = (len(indices) + chunk - 1) // chunk
+
+    def enqueue(self, job: Job) -> None:
+        heapq.heappush(self.queue, (job.key, self.seq, job))
+        self.seq += 1
+
+    def prefetch(self, upto: int, draw: Callable[[int], Sequence[int]], per_round: int,
+                 params: Callable[[int], SamplingParams]) -> None:
+        """Draw and admit round 0 of every step up to `upto` that staleness allows."""
+        while self.next_step <= upto and self.admissible(self.next_step):
+            self.admit_step(self.next_step, list(draw(per_round)), params(self.next_step))
+        self.dispatch()
+
+    def admit_step(self, step: int, indices: list[int], params: SamplingParams) -> None:
+        """Admit round 0 of `step` (the next one not admitted yet)."""
+        self.admitted[step] = indices
+        self.admit(step, 0, indices, params, 0)
+        self.next_step = step + 1
+
+    # ------------------------------------------------------------------ dispatch and results
+
+    def dispatch(self) -> None:
+        """Hand queued jobs, lowest key first, to workers with room (queue_depth each)."""
+        load = Counter(w for w, _ in self.inflight.values())
+        while self.queue:
+            free = [i for i in range(len(self.workers)) if load[i] < self.p.queue_depth]
+            if not free:
+                return
+            worker = min(free, key=lambda i: load[i])
+            _, _, job = heapq.heappop(self.queue)
+            prompts = [self.task.prompt_ids[i] for i in job.indices]
+            examples = [self.task.examples[i] for i in job.indices]
+            self.inflight[self.workers[worker].generate.remote(job, prompts, examples)] = (worker, job)
+            load[worker] += 1
+
+    def harvest(self, timeout: float | None) -> None:
+        """Move finished jobs into the buffer (waiting up to `timeout` s for the first); a job whose
+        worker died is re-issued after Ray restarted the worker and it has the current weights."""
+        import ray
+
+        if not self.inflight:
+            return
+        ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
+        for ref in ready:
+            if ref not in self.inflight:  # re-issued already: its worker died and was restarted
+                continue
+            worker, job = self.inflight.pop(ref)
+            try:
+                done: Done = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self.restart(worker, job, exc)
+                continue
+            self.events.append({"who": f"worker{worker}", "start": done.start, "end": done.end,
+                                "version": done.version, "step": job.key[0]})
+            self.stats[f"busy_s/{worker}"] += done.end - done.start
+            self.stats[f"tokens/{worker}"] += done.tokens
+            if ref in self.discard:
+                self.discard.discard(ref)
+                self.stats["discarded_groups"] += len(job.indices)
+                self.enqueue(job)
+                continue
+            self.buffer.setdefault(job.key[:2], []).append(done)
+        self.dispatch()
+
+    def restart(self, worker: int, job: Job, exc: Exception) -> None:
+        """Re-push the current weights to a worker Ray restarted (its new engine has the initial
+        ones) and re-issue its job; the run goes on."""
+        import ray
+
+        self.restarts += 1
+        self.warn(f"rollout worker {worker} died ({type(exc).__name__}); Ray restarts it "
+                  f"(restart {self.restarts}); re-pushing weights v{self.version} and re-issuing "
+                  f"its jobs (step {job.key[0]} first)")
+        handle = self.workers[worker]
+        deadline = time.time() + 300
+        while True:  # calls fail while the actor is being restarted
+            try:
+                ray.get(handle.pid.remote(), timeout=60)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        if self.weights is not None:
+            ray.get(handle.set_weights.remote(self.version, self.weights))
+        self.enqueue(job)
+        for ref in [r for r, (w, _) in self.inflight.items() if w == worker]:  # lost with the same process
+            self.enqueue(self.inflight.pop(ref)[1])
+            self.discard.discard(ref)
+
+    def take(self, step: int, round_: int) -> tuple[Batch, int]:
+        """The groups of (step, round), in order, once all are done with weights at most
+        max_staleness versions old (older ones are dropped, counted and regenerated); the largest lag."""
+        key = (step, round_)
+        want = self.stats[f"jobs/{step}/{round_}"]
+        self.dispatch()
+        while True:
+            fresh = []
+            for done in self.buffer.get(key, []):
+                lag = self.version - done.version
+                if lag > self.p.max_staleness:
+                    self.stats["dropped_stale_groups"] += len(done.job.indices)
+                    self.enqueue(done.job)
+                else:
+                    fresh.append(done)
+            self.buffer[key] = fresh
+            if len(fresh) == want:
+                break
+            self.dispatch()
+            self.harvest(timeout=None)
+        del self.buffer[key]
+        fresh.sort(key=lambda d: d.job.key)
+        for done in fresh:
+            self.lags[self.version - done.version] += len(done.job.indices)
+        return concat([d.batch for d in fresh], self.pad_id), max(self.version - d.version for d in fresh)
+
+    def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+        """Put the learner's weights of `version` in the object store once and send every worker the
+        reference; with partial=discard, the groups in flight now are regenerated. The seconds taken."""
+        import ray
+
+        t0 = time.perf_counter()
+        self.harvest(timeout=0)
+        self.version = version
+        self.weights = ray.put({k: v.detach().to("cpu", copy=True) for k, v in named})
+        for w in self.workers:
+            w.set_weights.remote(version, self.weights)
+        if self.p.partial == "discard":
+            self.discard = set(self.inflight)
+        seconds = time.perf_counter() - t0
+        self.events.append({"who": "push", "start": time.time() - seconds, "end": time.time(), "version": version})
+        return seconds
+
+    # ------------------------------------------------------------------ metrics and state
+
+    def step_metrics(self, step_seconds: float) -> dict[str, float]:
+        """Per step: the lag histogram, drops, buffer depth, restarts, each worker's busy fraction and tokens/s."""
+        m: dict[str, float] = {f"pipeline/lag_{k}": float(v) for k, v in sorted(self.lags.items())}
+        m["pipeline/dropped_stale_groups"] = float(self.stats.pop("dropped_stale_groups", 0))
+        m["pipeline/discarded_groups"] = float(self.stats.pop("discarded_groups", 0))
+        m["pipeline/buffer_jobs"] = float(sum(len(v) for v in self.buffer.values()) + len(self.inflight) + len(self.queue))
+        m["pipeline/restarts"] = float(self.restarts)
+        for w in range(len(self.workers)):
+            busy = self.stats.pop(f"busy_s/{w}", 0.0)
+            tokens = self.stats.pop(f"tokens/{w}", 0)
+            m[f"pipeline/worker{w}_busy"] = busy / max(step_seconds, 1e-9)
+            m[f"pipeline/worker{w}_tokens_per_s"] = tokens / max(busy, 1e-9) if busy else 0.0
+        self.lags.clear()
+        return m
+
+    def pending(self) -> dict[int, list[int]]:
+        """Steps admitted ahead whose groups the learner has not taken (saved in checkpoints: a resumed
+        run regenerates them with the checkpoint's weights)."""
+        return {s: idx for s, idx in self.admitted.items() if s > self.version}
+
+    def restore(self, pending: dict[int, list[int]], params: Callable[[int], SamplingParams]) -> None:
+        """Admit again the steps a checkpoint had drawn ahead: their groups are regenerated with the
+        checkpoint's weights (what was buffered or in flight when the learner stopped is not kept)."""
+        for step in sorted(pending):
+            self.admit_step(int(step), list(pending[step]), params(int(step)))
+        if pending:
+            self.warn(f"pipeline: regenerating the groups of {len(pending)} step(s) drawn ahead before the checkpoint")
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+        if self.started_ray:
+            ray.shutdown()
+
+
+class StepFeed:
+    """The `draw` and `rollout` that the shared collect stage calls for one step when the groups come
+    from the pipe: round 0 takes the step's groups admitted ahead (admitting them now if staleness
+    did not allow it earlier); refill rounds are admitted ahead of every later step."""
+
+    def __init__(self, pipe: RolloutPipe, step: int, draw: Callable[[int], Sequence[int]],
+                 params: Callable[[int, int], SamplingParams]):
+        self.pipe, self.step, self.draw_more, self.params = pipe, step, draw, params
+        self.round = 0
+        self.indices: list[int] = []
+        self.max_lag = 0
+
+    def draw(self, k: int) -> list[int]:
+        if self.round == 0:
+            if self.step not in self.pipe.admitted:
+                self.pipe.admit_step(self.step, list(self.draw_more(k)), self.params(self.step, 0))
+            self.indices = self.pipe.admitted.pop(self.step)
+        else:
+            self.indices = list(self.draw_more(k))
+        return self.indices
+
+    def rollout(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
+                pad_id: int, group_offset: int = 0) -> Batch:
+        if self.round > 0:
+            self.pipe.admit(self.step, self.round, self.indices, sampling, group_offset)
+        batch, lag = self.pipe.take(self.step, self.round)
+        self.round += 1
+        self.max_lag = max(self.max_lag, lag)
+        return batch
