@@ -7,6 +7,7 @@ and RUN/checkpoints/latest (a text file naming the newest complete checkpoint).
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -70,14 +71,19 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, train
         raise UpslopeError(f"{final}: exists and is not a checkpoint upslope wrote; not replacing it")
     try:
         with atomic_directory(final, prefix=f".tmp-step_{step:06d}-", durable=True, replace=True) as tmp:
-            model.save_pretrained(tmp / "model", safe_serialization=True,
-                                  **({} if weights is None else {"state_dict": weights}))
-            if sharded is not None:
-                os.replace(sharded, tmp / SHARDED)
-            tokenizer.save_pretrained(tmp / "model")
-            torch.save(trainer_state, tmp / "trainer.pt")
-            (tmp / "config.yaml").write_text(config_yaml)
-            (tmp / MARKER).write_text(str(step))
+            try:
+                model.save_pretrained(tmp / "model", safe_serialization=True,
+                                      **({} if weights is None else {"state_dict": weights}))
+                if sharded is not None:
+                    os.replace(sharded, tmp / SHARDED)
+                tokenizer.save_pretrained(tmp / "model")
+                torch.save(trainer_state, tmp / "trainer.pt")
+                (tmp / "config.yaml").write_text(config_yaml)
+                (tmp / MARKER).write_text(str(step))
+            except Exception as exc:
+                if _disk_full(tmp):  # torch's zip writer reports a full disk as "unexpected pos ..."
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from exc
+                raise
         _write_text_atomic(ckpt_dir / "latest", final.name)
     except UpslopeError:
         raise
@@ -87,6 +93,15 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: Any, tokenizer: Any, train
                            f"{ckpt_dir} are unchanged") from None
     _prune(ckpt_dir, keep_last)
     return final
+
+
+def _disk_full(path: Path, margin: int = 1 << 20) -> bool:
+    """Is the filesystem holding `path` (nearly) full? Checked before the partial files are removed."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < margin
 
 
 STEP_DIR = re.compile(r"step_(\d{6,})")

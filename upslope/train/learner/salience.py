@@ -90,7 +90,7 @@ SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
 def token_salience(updater: Any, batch: Batch, source: str, answer_tokens: int) -> torch.Tensor:
     """[N, L] salience of the batch's trained tokens from `source`, in the updater's micro-batches, on the CPU."""
     fn = SOURCES[source]
-    out = torch.zeros(batch.input_ids.shape)
+    out = torch.zeros(batch.input_ids.shape, device=batch.input_ids.device)  # cpu: the batch lives on the CPU
     updater.model.eval()
     try:
         for idx in updater.micro_batches(batch):
