@@ -50,6 +50,7 @@ class Claim:
     direction: str  # "higher" or "lower"
     paper: str
     overrides: tuple[str, ...] = ()
+    command: str = "train"  # the method arm's upslope command (the baseline arm runs `upslope train`)
 
 
 PASS_AT_8 = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
@@ -79,6 +80,12 @@ METHODS: dict[str, Claim] = {
     "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
                    "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
 }
+METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, no gradients
+    "randopt": Claim("randopt", "headroom", "eval/accuracy", "higher",
+                     "RandOpt-style Gaussian weight perturbations with an evolution-strategies update", command="randopt"),
+    "corp": Claim("corp", "headroom", "eval/accuracy", "higher",
+                  "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt"),
+})
 METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
                      "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
@@ -169,9 +176,10 @@ def row_for(method: str, claim: Claim, values: dict[str, list[float]], *, steps:
 # ---------------------------------------------------------------- runs
 
 
-def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str]) -> list[str]:
-    """`upslope train` of one arm at one seed (the same prompts per seed in both arms)."""
-    return [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
+def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str],
+                command: str = "train") -> list[str]:
+    """`upslope COMMAND` (train) of one arm at one seed (the same prompts per seed in both arms)."""
+    return [sys.executable, "-m", "upslope.cli", command, str(ROOT / "recipes" / f"{recipe}.yaml"),
             f"train.seed={seed}", f"engine.seed={seed}", f"train.steps={steps}", f"run_dir={run_dir}",
             *RUN_FLAGS, *extra]
 
@@ -241,7 +249,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
-            cmd = arm_command(recipe, seed, steps, run_dir, overrides)
+            cmd = arm_command(recipe, seed, steps, run_dir, overrides, claim.command if arm == "method" else "train")
             if dry_run:
                 print(shlex.join(cmd))
                 continue

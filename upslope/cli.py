@@ -1,4 +1,4 @@
-"""The `upslope` command line: the trainers (train, sft, rft, dpo, distill), eval, config."""
+"""The `upslope` command line: the trainers (train, sft, rft, dpo, distill, rm, randopt), sweep, eval, config."""
 from __future__ import annotations
 
 import os
@@ -17,6 +17,10 @@ commands:
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
   rm       [RECIPE] [overrides]   train a reward model (Bradley-Terry) on file or on-policy preference pairs
+  randopt  [RECIPE] [overrides]   gradient-free search: Gaussian weight perturbations folded into one model (ES, CoRP)
+  sweep    RECIPE|SWEEP.yaml --space KEY=V1,V2 [--space ...] [--budget N] [--metric M] [--rungs S1,S2,...]
+                                 hyperparameter search: successive halving over trials of `upslope train`
+                                 that resume from their own checkpoints (upslope sweep --help)
   export   CHECKPOINT OUT_DIR [--force]
                                  write a checkpoint as a Hugging Face model (a LoRA adapter merged in);
                                  OUT_DIR must be new or empty (--force: replace it, never a directory

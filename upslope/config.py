@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from upslope.config_base import Plugin, RewardSpec, Section, opt, opt_factory
-from upslope.config_commands import DistConfig, DistillConfig, DPOConfig, PipelineConfig, RFTConfig, RMConfig, SFTConfig
+from upslope.config_commands import (DistConfig, DistillConfig, DPOConfig, PipelineConfig, RandOptConfig, RFTConfig,
+                                     RMConfig, SFTConfig)
 from upslope.errors import ConfigError, UpslopeError
 
 
@@ -191,6 +192,8 @@ class TrainConfig(Section):
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
     eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)
+    eval_at: list[Annotated[int, Field(ge=1)]] = opt([], "also evaluate after these steps (e.g. the rungs of "
+                                                         "upslope sweep)")
     eval_before: bool = opt(True, "evaluate before training")
     eval_after: bool = opt(True, "evaluate after training")
     save_every: int = opt(0, "checkpoint every N steps (0: only at the end)", ge=0)
@@ -290,6 +293,8 @@ class Config(Section):
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     rm: RMConfig = opt_factory(RMConfig, "reward-model training (upslope rm)")
+    randopt: RandOptConfig = opt_factory(RandOptConfig, "gradient-free weight-space search: RandOpt / ES / CoRP "
+                                                        "(upslope randopt)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
     dist: DistConfig = opt_factory(DistConfig, "sharded learner across processes (DDP / FSDP2) and rollout "
                                                "workers on Ray")

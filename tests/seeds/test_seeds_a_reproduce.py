@@ -88,6 +88,13 @@ def test_a_pass_at_k_claim_evaluates_by_sampling(capsys):
     assert rp.METHODS["boundary_curriculum"].metric == "eval/pass@8"
 
 
+def test_a_method_of_another_command_runs_it_against_upslope_train(capsys):
+    assert rp.main(["corp", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert [c.split(" -m upslope.cli ")[1].split()[0] for c in cmds] == ["randopt", "train", "randopt", "train"]
+    assert all("corp.yaml" in c for c in cmds[::2]) and all("headroom.yaml" in c for c in cmds[1::2])
+
+
 def test_a_finished_identical_run_is_reused(tmp_path):
     """run_arm on a real subprocess that writes a run's files: reused while command and commit
     are unchanged, rerun with fresh or a changed command; a failing run is one line."""

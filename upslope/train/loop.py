@@ -239,7 +239,7 @@ class BaseTrainer:
                 self.logger.log(step, metrics)
                 if self.main:
                     display.update(step, metrics)
-                if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+                if ((t.eval_every and step % t.eval_every == 0) or step in t.eval_at) and step != t.steps:
                     self.evaluate(step)
                 if (t.save_every and step % t.save_every == 0) or step == last:
                     self.save(step)

@@ -1,5 +1,5 @@
 """Every RL recipe in recipes/ runs 2 training steps on a tiny model (HF engine). Recipes of the
-other commands (they configure an `sft`, `rft`, `dpo`, `distill` or `rm` section) are run by their
+other commands (they configure an `sft`, `rft`, `dpo`, `distill`, `rm` or `randopt` section) are run by their
 own trainers' tests in tests/train/trainers. A recipe rewarded by a trained reward model gets a
 tiny one (the tiny model with a scalar head)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from upslope.config import RewardSpec, load_config
 from upslope.data import task_default_reward
 from upslope.train.trainers.rl import Trainer, check_config
 
-OTHER_COMMANDS = ("sft", "rft", "dpo", "distill", "rm")
+OTHER_COMMANDS = ("sft", "rft", "dpo", "distill", "rm", "randopt")
 TOY = Path(__file__).resolve().parents[2] / "fixtures" / "toy_rewards.py"
 
 
