@@ -380,7 +380,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         defaults[section][name] = "auto"
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     if isinstance(raw.get("plugins"), list):  # command-line plugin files: relative to the working directory
         raw["plugins"] = _absolute_plugin_files(raw["plugins"], Path.cwd())
     return validate(raw, source=str(path) if path else "config")
@@ -481,7 +481,8 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set the dotted key of `key=value` (the value read as YAML) in the nested mapping `raw`."""
     if "=" not in item:
         raise ConfigError(f"override '{item}': expected key=value, e.g. train.steps=10")
     key, _, text = item.partition("=")

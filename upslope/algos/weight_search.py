@@ -40,7 +40,7 @@ def es(rewards: Tensor, sigma: float, *, lr: float = 1e-3, shaping: Literal["ran
     """Evolution strategies (Salimans et al. 2017, in the form Qiu et al. 2025 ran on LLMs): one step
     along the shaped-reward-weighted mean of the directions, c_k = lr x u_k / K, u the shaped mean rewards.
 
-    lr: step size (lr x sigma x the ES gradient estimate; with ranks and K = 8, about lr / 9 per weight)
+    lr: step size: the update is lr x sigma x the ES gradient estimate (RMS per weight about lr / 9 with ranks and 8 independent directions)
     shaping: ranks (centred ranks in [-0.5, 0.5]: only the order of the rewards counts) or zscore
 
     Equal rewards give u = 0 and no update; mirrored pairs with equal rewards cancel.
