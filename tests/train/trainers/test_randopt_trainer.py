@@ -112,7 +112,45 @@ def test_the_policy_learns_a_learnable_reward(rule, tiny_model_path, tmp_path):
     (["randopt.consolidate={name: es, options: {lrr: 1}}"], "did you mean 'lr'"),
     (["randopt.sigma=0"], "randopt.sigma"),
 ])
-def test_bad_options_are_one_clear_line(args, expected, capsys):
-    assert main(["randopt", *args]) == 2
+def test_bad_options_are_one_clear_line(args, expected, tmp_path, capsys):
+    assert main(["randopt", *args, f"run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("upslope: error:") and expected in err[0], err
+
+
+VLLM_SCRIPT = """
+import json, sys
+from upslope.batch import build_batch
+from upslope.config import load_config
+from upslope.rollout.base import SamplingParams
+from upslope.train.trainers.randopt import RandOptTrainer
+
+trainer = RandOptTrainer(load_config(None, json.loads(sys.argv[1])))
+engine = trainer.runtime.engine
+trainer.run()
+probe = trainer.prompt_ids[:4]
+greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8, stop_token_ids=trainer.runtime.stop_ids)
+out = [g[0] for g in engine.generate(probe, greedy)]
+b = build_batch(probe, [c.token_ids for c in out], [c.logprobs for c in out], range(4), [False] * 4,
+                trainer.runtime.tokenizer.pad_token_id)
+lp = trainer.updater.logprobs(b, temperature=1.0)
+gap = float(((lp - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
+print(json.dumps({"version": engine.version, "sync_gap": gap}))
+trainer.close()
+"""
+
+
+@pytest.mark.slow
+def test_two_steps_through_vllm_leave_it_holding_the_policy(tiny_model_path, tmp_path):
+    """In a process of its own (one vLLM engine per process): 2 steps of 4 perturbations push 2 x (4 + 1)
+    weight sets, and afterwards vLLM's greedy log-probs match the learner's fp32 ones to bf16 noise."""
+    pytest.importorskip("vllm")
+    import subprocess
+    import sys
+
+    args = [a for a in overrides(tiny_model_path, tmp_path / "vllm", "train.steps=2") if a != "engine.name=hf"]
+    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, json.dumps([*args, "engine.name=vllm"])],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["version"] == 10 and result["sync_gap"] < 0.05, result
