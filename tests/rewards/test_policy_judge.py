@@ -60,7 +60,8 @@ def test_policy_judge_judges_with_the_engines_current_weights(engine, tokenizer,
         engine.update_weights((k, v + 0.5 * torch.randn(v.shape, generator=g)) for k, v in tiny_state_dict.items())
         assert fn(["6"], [6], [METAS[1]]) == [0.7]
         assert judge.calls == 2 and judge.generated == 2  # new weights: the same query judged again, by them
-        after = judge.cache[((id(engine), engine.version), PREFILL), key[1]]
+        [(new_key, after)] = judge.cache.items()  # the old weights' replies are dropped
+        assert new_key == (((id(engine), engine.version), PREFILL), key[1])
         assert [after] == greedy(engine, tokenizer, [key[1]]) and after != before
 
 

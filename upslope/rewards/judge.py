@@ -78,6 +78,7 @@ class Judge:
 
     def __init__(self) -> None:
         self.cache: "OrderedDict[tuple[Any, ...], str | None]" = OrderedDict()
+        self.cached_for: Any = None  # the weights the cached replies are from
         self.generated = 0  # queries answered by the model (not from the cache)
 
     def weights(self) -> Any:
@@ -85,10 +86,17 @@ class Judge:
         return None
 
     def answer(self, queries: Sequence[str], prefill: str) -> list[str | None]:
+        """The model's reply to each query (None: no reply), starting with `prefill`."""
         raise NotImplementedError
 
     def replies(self, queries: Sequence[str], prefill: str, cache_size: int) -> list[str | None]:
-        tag = (self.weights(), prefill)
+        """The reply to each query, in order: generated once for the distinct new ones, else from
+        the cache (emptied when the weights change: older replies are never asked for again)."""
+        weights = self.weights()
+        if weights != self.cached_for:
+            self.cache.clear()
+            self.cached_for = weights
+        tag = (weights, prefill)
         known = {q: self.cache[(tag, q)] for q in queries if (tag, q) in self.cache}
         todo = list(dict.fromkeys(q for q in queries if q not in known))
         if todo:
