@@ -2,7 +2,8 @@
 
 Traits are declared at registration and read by the loop (never by name): `grouped=True`
 estimators compare a prompt's completions (rollout.n >= 2); a `critic=True` estimator
-needs `batch.values` and returns `(advantages [N, L], returns [N, L])`, computed once.
+needs `batch.values` and returns `(advantages [N, L], returns [N, L])`, computed once; a
+`token_rewards=True` estimator reads `batch.token_rewards` when set (rewards placed on tokens).
 Group statistics are float64 and a group whose rewards are all equal gets exactly 0
 (`common.group_moments`); conventions (std, eps, singleton groups, returns across masked
 spans) are options, defaults and reasons in docs/methods.md, "Conventions".
@@ -73,7 +74,7 @@ def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
     return _tokens(adv, batch)
 
 
-@ADVANTAGES.register("reinforce_pp")
+@ADVANTAGES.register("reinforce_pp", token_rewards=True)
 def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6,
                  unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
                  singleton: Singleton = "zero") -> Tensor:
@@ -136,7 +137,7 @@ def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tens
     return adv, returns
 
 
-@ADVANTAGES.register("gae", critic=True)
+@ADVANTAGES.register("gae", critic=True, token_rewards=True)
 def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6,
         unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
     """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.

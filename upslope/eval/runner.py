@@ -63,7 +63,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                                       drop_long=cfg.rollout.drop_long_prompts)
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
-    reward_fns = build_reward_fns(specs, data_cfg, runtime.tokenizer)
+    reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())
     if not specs:
         from upslope.data import task_default_reward
 

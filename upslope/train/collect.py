@@ -26,6 +26,7 @@ class Task:
     reward_fns: list[RewardFn] = field(default_factory=list)  # empty: no reward stage (e.g. distillation)
     combiner: Callable[..., torch.Tensor] | None = None
     fallback: float = 0.0
+    tokenizer: Any = None  # the policy's: places rewards inside completions as token rewards (None: not placed)
 
 
 @dataclass
@@ -81,7 +82,8 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
                         sampling(round_), pad_id, group_offset=len(indices))
         if task.reward_fns:
             with clock("reward"):
-                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards)
+                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards,
+                                     tokenizer=task.tokenizer)
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + v
         indices += idx

@@ -154,10 +154,13 @@ class BaseTrainer:
         cfg = self.cfg
         self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed)
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.runtime.tokenizer) if rewards else []
+        # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
+        self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
-        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback)
+        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
+                         self.runtime.tokenizer)
 
     def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
                 max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None) -> Collected:
