@@ -9,6 +9,7 @@ import os
 import random
 from pathlib import Path
 
+from upslope.data.paths import shared_data_dir
 from upslope.data.sources import read_records, records_to_examples
 from upslope.data.types import Example
 from upslope.errors import DataError
@@ -16,15 +17,6 @@ from upslope.registry import TASKS
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _TEST_SEED_OFFSET = 1_000_003
-
-
-def shared_data_dir() -> Path:
-    """Where the project's shipped datasets live: $UPSLOPE_DATA_DIR, else ../shared/data
-    beside the repository checkout."""
-    env = os.environ.get("UPSLOPE_DATA_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def _data_file(path: str | None, *parts: str) -> Path:
