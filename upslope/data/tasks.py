@@ -5,7 +5,6 @@ A task function takes `split` ("train" or "test") and keyword options; the regis
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
