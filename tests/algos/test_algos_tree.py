@@ -85,14 +85,14 @@ def test_informativeness_weights_by_hand():
     assert torch.allclose(outcome, base * (torch.tensor([0.75] * 4 + [1.0] * 4) / 0.875)[:, None], atol=1e-6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(-2, 2, allow_nan=False, width=32), min_size=1, max_size=6))
 def test_without_a_tree_it_is_grpo(rewards):
     b = tree_batch([(None, None)] * len(rewards), rewards, [2] * len(rewards))
     assert torch.equal(ADVANTAGES.bind("tree")(b), ADVANTAGES.bind("grpo")(b))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.integers(1, 3), st.integers(2, 3), st.integers(0, 2), st.data())
 def test_segment_credits_telescope_in_a_balanced_tree(roots, branches, levels, data):
     """Siblings' mean is their parent's value, so along a leaf's path sum_nodes (V(node) - V(parent)) = R - V(root)."""
