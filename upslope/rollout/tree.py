@@ -109,13 +109,16 @@ def tree_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequ
     level). `every_leaf` is the default because a leaf row is one trajectory sample: a node's segment then counts
     once per leaf under it, as in GRPO over the leaves (the unbiased leaf-weighted gradient); `once` weights
     every node alike. The critique is a rule (the SocraticPO teacher, the paper's is an LLM); graft tokens were
-    sampled with it in the context, which the trained row does not show (off-policy, as CATPO's grafts).
+    sampled with it in the context, which the trained row does not show (the graft is off-policy).
     """
     width = branches ** len(depths)
     if branches < 2 or params.n % width:
         raise ConfigError(f"rollout.options: a tree with branches={branches} at {len(depths)} branch points has "
                           f"{width} leaves per path; rollout.n={params.n} must be a multiple of it (branches >= 2)")
-    seed = (lambda k: None) if params.seed is None else (lambda k: params.seed + k)  # type: ignore[operator]
+
+    def seed(k: int) -> int | None:  # each generate call of the tree its own seed
+        return None if params.seed is None else params.seed + k
+
     trees = [[Leaf(c.token_ids, c.logprobs, c.finish_reason, [str(j)], [], len(c.token_ids)) for j, c in enumerate(cs)]
              for cs in engine.generate(list(prompt_ids), replace(params, n=params.n // width))]
     for level, depth in enumerate(depths, 1):
