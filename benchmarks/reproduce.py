@@ -78,6 +78,12 @@ METHODS: dict[str, Claim] = {
                    "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
     "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
                    "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
+    "treerpo": Claim("treerpo", "headroom", "eval/accuracy", "higher",
+                     "TreeRPO: Tree Relative Policy Optimization (tree rollouts, per-segment credit)"),
+    "catpo": Claim("catpo", "headroom", "eval/accuracy", "higher",
+                   "CATPO: Critique-Augmented Tree Policy Optimization"),
+    "td_grokking": Claim("td_grokking", "headroom", "eval/accuracy", "higher",
+                         "TD-Grokking: Learning from Zero-Reward Problems by Training-Time Decomposition"),
 }
 METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",

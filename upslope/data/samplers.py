@@ -4,11 +4,13 @@ resumed run draws exactly the prompts the uninterrupted run would have drawn.
 A sampler plugin is a class registered in `SAMPLERS`, built as
 `cls(num_prompts, seed, shuffle, *, options)` (`data.sampler` names it and gives the
 options; `shuffle` is `data.shuffle`), with `next(count) -> indices`, `update(indices,
-rewards, group_ids)` and `state_dict()` / `load_state_dict()`.
+rewards, group_ids)` and `state_dict()` / `load_state_dict()`. A sampler registered with
+`extend=fn` adds training prompts of its own: `fn(examples, data, **options)` returns them at
+set-up (after the task's), and the sampler is built with the examples as a fourth argument.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -16,6 +18,7 @@ from upslope.registry import SAMPLERS
 
 if TYPE_CHECKING:
     from upslope.config import DataConfig
+    from upslope.data.types import Example
 
 
 @SAMPLERS.register("uniform")
@@ -209,7 +212,16 @@ class CeroSampler(OutcomeSampler):
         self.prompt_draws = state["prompt_draws"].clone()
 
 
-def make_sampler(data: DataConfig, num_prompts: int, seed: int) -> Any:
-    """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked)."""
+def make_sampler(data: DataConfig, num_prompts: int, seed: int, examples: Sequence[Example] = ()) -> Any:
+    """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked); one with an
+    `extend` hook is also given the prompts' examples."""
     build = SAMPLERS.bind(data.sampler.name, data.sampler.options, where="data.sampler.options")
+    if SAMPLERS.get(data.sampler.name).attrs.get("extend"):
+        return build(num_prompts, seed, data.shuffle, examples)
     return build(num_prompts, seed, data.shuffle)
+
+
+def sampler_examples(data: DataConfig, examples: Sequence[Example]) -> list[Example]:
+    """Training prompts the sampler adds to the task's (its `extend` hook: TD-Grokking's subproblems); none for most."""
+    extend = SAMPLERS.get(data.sampler.name, "data.sampler.name").attrs.get("extend")
+    return extend(examples, data, **data.sampler.options) if extend else []

@@ -18,7 +18,7 @@ from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
-from upslope.data.samplers import make_sampler
+from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.errors import ConfigError
 from upslope.dist import group
 from upslope.eval.runner import eval_data_config, evaluate
@@ -152,8 +152,10 @@ class BaseTrainer:
         with `rewards`, the reward functions and their combiner: what every method that samples
         from the policy needs."""
         cfg = self.cfg
-        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed)
+        examples = load_examples(cfg.data, "train")
+        examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
+        self.prompt_ids, self.examples = self.encode_prompts(examples)
+        self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
