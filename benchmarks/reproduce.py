@@ -96,12 +96,12 @@ METHODS: dict[str, Claim] = {
                    "Reformulate LLM Reinforcement Learning for Efficient Training under Black-box Discrepancy (DCMDP)",
                    MISMATCH, also=(("mean:mismatch", "lower"),)),
     # rewards: multi-objective on the two-component headroom task (correctness, reply is only the number)
+    # (SAW's eval/mean_reward is not comparable: its combiner reweights the held-out batch too)
     "saw": Claim("saw", "headroom_format", "eval/accuracy", "higher",
-                 "SAW: Stage-Aware Dynamic Weighting for Multi-Objective Reinforcement Learning in LLMs",
-                 also=(("eval/mean_reward", "higher"),)),
+                 "SAW: Stage-Aware Dynamic Weighting for Multi-Objective Reinforcement Learning in LLMs"),
     "gd2po": Claim("gd2po", "headroom_gdpo", "eval/accuracy", "higher",
                    "GD2PO: Mitigating Multi-Reward Conflicts via Group-Dynamic reward-Decoupled Policy Optimization",
-                   also=(("eval/mean_reward", "higher"),)),
+                   also=(("eval/mean_reward", "higher"),)),  # both arms sum the components with fixed weights
     "recal": Claim("recal", "headroom_format", "eval/accuracy", "higher",
                    "ReCal: Reward Calibration for RL-based LLM Routing"),
     # rewards: calibration, selective prediction and length on the confidence task (confidence.yaml)
@@ -110,7 +110,7 @@ METHODS: dict[str, Claim] = {
                          also=(("eval/brier", "lower"), ("eval/accuracy", "higher"))),
     "selective": Claim("selective", "confidence", "eval/aurc", "lower",
                        "Aligning Language Models with Selective Prediction (RLSR)",
-                       also=(("eval/selective_risk", "lower"), ("eval/coverage", "higher"))),
+                       also=(("eval/selective_risk", "lower"),)),  # coverage is traded for risk: no direction
     "suco": Claim("suco", "confidence", "eval/mean_length", "lower",
                   "SuCo: Sufficiency-guided Continuous Adaptive Reasoning", also=(("eval/accuracy", "higher"),)),
     # distillation: the student (the base model) distilled from a headroom GRPO run trained first

@@ -199,16 +199,21 @@ def test_one_seed_is_refused(capsys):
     assert exc.value.code == 2 and "at least 2 seeds" in capsys.readouterr().err
 
 
+def tiny_args(method: str, model: str, tmp_path: Path, rows: Path) -> tuple[list[str], list[str]]:
+    """(the tiny-model overrides, reproduce.py's arguments): 2 steps x 2 seeds of METHOD on the tiny model."""
+    tiny = [f"model.name={model}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
+            "rollout.max_new_tokens=4", "eval.limit=4", "train.micro_batch_tokens=512", "train.threads=1",
+            "data.options.count=50"]
+    return tiny, [method, "--steps", "2", "--seeds", "2", "--work", str(tmp_path / "runs"), "--rows", str(rows),
+                  *[f"--set={x}" for x in tiny]]
+
+
 @pytest.mark.slow
 def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
     """2 steps x 2 seeds x 2 arms of real `upslope train` runs on the tiny model: a row with four
     measured values, its interval and verdict, and a page rendered from it."""
     rows, doc = tmp_path / "rows.json", tmp_path / "reproductions.md"
-    tiny = [f"model.name={tiny_model_path}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
-            "rollout.max_new_tokens=4", "eval.limit=4", "train.micro_batch_tokens=512", "train.threads=1",
-            "data.options.count=50"]
-    args = ["cero", "--steps", "2", "--seeds", "2", "--work", str(tmp_path / "runs"), "--rows", str(rows),
-            *[f"--set={x}" for x in tiny]]
+    tiny, args = tiny_args("cero", tiny_model_path, tmp_path, rows)
     assert rp.main(args) == 0
     (row,) = json.loads(rows.read_text())
     assert len(row["arms"]["method"]["values"]) == 2 and len(row["arms"]["baseline"]["values"]) == 2
@@ -232,11 +237,7 @@ def test_tiny_distillation_reproduction_end_to_end(tiny_model_path, tmp_path):
     """The arkd claim on the tiny model, 2 steps x 2 seeds: a headroom teacher trained first (its
     checkpoint kept), then `upslope distill` arms taught by it; a second call reuses all five runs."""
     rows = tmp_path / "rows.json"
-    tiny = [f"model.name={tiny_model_path}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
-            "rollout.max_new_tokens=4", "eval.limit=4", "train.micro_batch_tokens=512", "train.threads=1",
-            "data.options.count=50"]
-    args = ["arkd", "--steps", "2", "--seeds", "2", "--work", str(tmp_path / "runs"), "--rows", str(rows),
-            *[f"--set={x}" for x in tiny]]
+    _, args = tiny_args("arkd", tiny_model_path, tmp_path, rows)
     assert rp.main(args) == 0
     (row,) = json.loads(rows.read_text())
     teacher = Path(row["teacher"]["run_dir"])

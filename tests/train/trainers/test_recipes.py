@@ -35,6 +35,7 @@ SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule",
                        "socratic", "arena", "drift"}
 SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "ispo", "codapo", "paec",
                         "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # issue 21 A
+SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # issue 20's baselines on its two tasks
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SEED_METHOD_RECIPES else [])
         for r in RECIPES]
 
