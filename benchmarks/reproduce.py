@@ -83,7 +83,7 @@ METHODS: dict[str, Claim] = {
     # issue 20, part B: trust regions and objectives (their claims: better accuracy at equal steps, more
     # stable training; DCMDP also a smaller train/inference discrepancy). MISMATCH is the sampler/learner
     # gap both arms run under: nucleus sampling (top_p 0.9) makes the sampler's log-probs those of the
-    # renormalised nucleus, while an fp32 engine and an fp32 learner differ by almost nothing.
+    # renormalised nucleus, while an fp32 engine and an fp32 learner should differ by very little.
     "dppo": Claim("dppo", "headroom", "eval/accuracy", "higher",
                   "DPPO: a trust region on the sampled token's probability shift (as described in DRPO's abstract)",
                   ("train.updates_per_batch=2",)),
