@@ -11,9 +11,9 @@ from upslope.errors import DataError
 def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt: str | None = None,
                    use_chat_template: bool = True, max_prompt_tokens: int | None = None,
                    drop_long: bool = False) -> tuple[list[list[int]], list[int]]:
-    """Token ids of each prompt, and the indices of the examples kept. A prompt longer than
-    `max_prompt_tokens` or than the model's context (the tokenizer's model_max_length) is an
-    error naming it, or is dropped when `drop_long`. Each distinct conversation is rendered once
+    """Token ids of each prompt (an example's `prefill` opens the assistant's reply), and the indices
+    of the examples kept. A prompt longer than `max_prompt_tokens` or than the model's context (the
+    tokenizer's model_max_length) is an error naming it, or is dropped when `drop_long`. Each distinct conversation is rendered once
     and all are tokenised in batched calls (seeded tasks repeat prompts; a call per prompt cost
     ~2 ms each on a 2-core CPU, 20 s for a 10,000-prompt split)."""
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -22,12 +22,12 @@ def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt
     texts: list[str] = []
     seen: dict[str, int] = {}
     for i, ex in enumerate(examples):
-        msgs = ex.messages(system_prompt)
+        msgs = ex.messages(system_prompt) + ([{"role": "assistant", "content": ex.prefill}] if ex.prefill else [])
         key = json.dumps(msgs, sort_keys=True, default=str)
         if key not in seen:
             seen[key] = len(texts)
-            texts.append(render_chat(tokenizer, msgs, True, where_of[i]) if chat
-                         else "\n\n".join(m["content"] for m in msgs))
+            texts.append(render_chat(tokenizer, msgs, not ex.prefill, where_of[i], continue_final=bool(ex.prefill))
+                         if chat else "\n\n".join(m["content"] for m in msgs))
         slot_of.append(seen[key])
     encoded = _tokenize_all(tokenizer, texts)
     context = getattr(tokenizer, "model_max_length", None)
@@ -59,13 +59,16 @@ def _tokenize_all(tokenizer: Any, texts: list[str], chunk: int = 2048) -> list[l
     return out
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool, where: str) -> str:
-    """The chat template applied to `messages`; a template that fails on them (a Jinja error,
-    `raise_exception`) is one DataError line naming the example and model.chat_template."""
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool, where: str,
+                continue_final: bool = False) -> str:
+    """The chat template applied to `messages` (with `continue_final`, the last message, an assistant
+    turn, is left open for the model to continue: a prefilled reply); a template that fails on them
+    (a Jinja error, `raise_exception`) is one DataError line naming the example and model.chat_template."""
     import jinja2
 
     try:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                                             continue_final_message=continue_final)
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: the chat template failed on this conversation ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}); check model.chat_template") from None

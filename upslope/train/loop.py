@@ -176,11 +176,18 @@ class BaseTrainer:
                                           max_rounds=max_rounds, keep=keep)
         got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
-                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock,
+                      merge_repeats=self.merge_repeats)
         engine = self.runtime.engine
         got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
         engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
         return group.broadcast(got)
+
+    @property
+    def merge_repeats(self) -> bool:
+        """Does the sampler give a prompt several draws of n rollouts as one group (its optional
+        `merge_repeats` attribute; CERO's variable rollouts per prompt)?"""
+        return bool(getattr(self.sampler, "merge_repeats", False))
 
     def collect_from_pipe(self, step: int, *, want: int, per_round: int, refill: bool, max_rounds: int,
                           keep: Callable[[Batch], Batch] | None) -> Collected:
@@ -194,7 +201,8 @@ class BaseTrainer:
         feed = StepFeed(pipe, step, self.sampler.next, self.sampling_params)
         got = collect(None, self.task, feed.draw, lambda round_: self.sampling(step, round_),  # type: ignore[arg-type]
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round, refill=refill,
-                      max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock)
+                      max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock,
+                      merge_repeats=self.merge_repeats)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
         return got
 
