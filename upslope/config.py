@@ -231,6 +231,12 @@ class EvalConfig(Section):
     max_new_tokens: int | None = opt(None, "default: rollout.max_new_tokens", ge=1)
     k: list[int] = opt([1], "pass@k / maj@k values to report (each <= n)")
     limit: int | None = opt(200, "evaluate on the first N prompts", ge=1)
+    confidence_pattern: str | None = opt(None, "regex of a stated confidence (group 1 the number, group 2 an "
+                                               "optional %); set: also report ece, brier and confidence_stated "
+                                               "(a reply stating none counts as confidence 1)")
+    abstain_pattern: str | None = opt(None, "regex marking a reply as an abstention; set: also report coverage, "
+                                            "selective_risk and aurc (answers ranked by mean token log-prob, "
+                                            "abstentions last)")
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
 
     @field_validator("k")

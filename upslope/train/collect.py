@@ -3,7 +3,7 @@ in resampling rounds until enough groups are kept. Online RL keeps what its filt
 on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep everything."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,6 +26,7 @@ class Task:
     reward_fns: list[RewardFn] = field(default_factory=list)  # empty: no reward stage (e.g. distillation)
     combiner: Callable[..., torch.Tensor] | None = None
     fallback: float = 0.0
+    tokenizer: Any = None  # the policy's: places rewards inside completions as token rewards (None: not placed)
 
 
 @dataclass
@@ -36,8 +37,8 @@ class Collected:
     seen: Batch
     metrics: dict[str, Any]
     indices: list[int]  # the prompt index of each group id, over every round
-    kept_groups: int  # groups kept over every round (may exceed `want`; the batch is cut to `want`)
-    dropped: int  # groups the keep step removed
+    kept_groups: int  # groups kept over every round (may exceed `want`; the batch is cut to `want`); draws if merged
+    dropped: int  # groups the keep step removed (draws, with merge_repeats)
 
     @property
     def drawn(self) -> int:
@@ -60,14 +61,23 @@ def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
     return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
 
+def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Batch:
+    """The round's batch with every repeat of a prompt index in `idx` given the group id of its first
+    draw (offset + first position), so grouped advantages compare all of that prompt's rollouts."""
+    first: dict[int, int] = {}
+    remap = torch.tensor([first.setdefault(i, offset + g) for g, i in enumerate(idx)], dtype=torch.long)
+    return replace(batch, group_ids=remap[batch.group_ids - offset])
+
+
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
             keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
-            clock: StageClock | None = None, strict_rewards: bool = True) -> Collected:
+            clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False) -> Collected:
     """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
     missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
     reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
-    1 + `max_rounds` rounds. Group ids are unique across rounds."""
+    1 + `max_rounds` rounds. Group ids are unique across rounds. With `merge_repeats`, a prompt
+    drawn k times in one round is one group of k x n rollouts (a variable n per prompt: CERO)."""
     clock = clock or StageClock()
     seen: list[Batch] = []
     kept: list[Batch] = []
@@ -79,18 +89,24 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
         with clock("rollout"):
             b = rollout(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
                         sampling(round_), pad_id, group_offset=len(indices))
+        if merge_repeats:
+            b = merge_repeated_prompts(b, idx, len(indices))
         if task.reward_fns:
             with clock("reward"):
-                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards)
+                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards,
+                                     tokenizer=task.tokenizer)
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + v
         indices += idx
         seen.append(b)
         b = keep(b) if keep is not None else b
-        dropped += len(idx) - (b.num_groups if b.size else 0)
+        kept_ids = b.group_ids.unique().tolist() if b.size else []
+        # a merged group counts once per draw it holds: `want` stays a budget of draws of n rollouts
+        kept_draws = sum(idx.count(indices[g]) for g in kept_ids) if merge_repeats else len(kept_ids)
+        dropped += len(idx) - kept_draws
         if b.size:
             kept.append(b)
-            groups += b.num_groups
+            groups += kept_draws
         if groups >= want:
             break
     everything = concat(seen, pad_id)

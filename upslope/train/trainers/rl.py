@@ -19,6 +19,7 @@ def check_config(cfg: Config) -> None:
     if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
+    check_token_rewards(cfg)
     if cfg.algo.replay is not None:  # its options fail here, before any model loads
         REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
     SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
@@ -27,6 +28,28 @@ def check_config(cfg: Config) -> None:
     if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
         raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
                           f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
+
+
+def check_token_rewards(cfg: Config) -> None:
+    """A reward placed on tokens (trait `places_tokens`, e.g. process with placement: token) needs an
+    advantage that reads token rewards (trait `token_rewards`) and a linear combiner (trait `linear`)."""
+    from upslope.registry import REWARD_COMBINERS
+    from upslope.rewards import places_tokens
+
+    placing = [(i, r.name) for i, r in enumerate(cfg.reward) if places_tokens(r)]
+    if not placing:
+        return
+    i, name = placing[0]
+    adv = cfg.algo.advantage.name
+    if not ADVANTAGES.get(adv, "algo.advantage.name").attrs.get("token_rewards"):
+        takes = ", ".join(n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("token_rewards"))
+        raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, and advantage '{adv}' reads only sequence "
+                          f"rewards; use an advantage that takes token rewards ({takes}) or placement: sequence")
+    comb = cfg.algo.reward_combiner.name
+    if not REWARD_COMBINERS.get(comb, "algo.reward_combiner.name").attrs.get("linear"):
+        raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, which needs a linear reward combiner (the "
+                          f"token rewards are its weighted parts), and algo.reward_combiner '{comb}' is not one; use "
+                          f"weighted_sum or placement: sequence")
 
 
 class Trainer(BaseTrainer):
