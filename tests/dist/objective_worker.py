@@ -45,7 +45,7 @@ def held_bytes(model: Any) -> dict[str, int]:
 
 def updates(updater: Updater, batch: Batch, objective: Any, step: Callable[..., dict[str, float]] | None = None,
             first: int = 1) -> list[dict[str, float]]:
-    """The metrics of `STEPS` updates of the batch (with `step`, e.g. the critic's train step, instead of Updater.update)."""
+    """The metrics of `STEPS` updates of the batch (`step`: another update, e.g. the critic's train step)."""
     step = step or (lambda b, s: updater.update(b, s, objective))
     return [step(batch, s) for s in range(first, first + STEPS)]
 

@@ -32,7 +32,8 @@ def load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> No
     model_sd, optim_sd = get_state_dict(state_module(model), optimizer, options=TRAINED)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-    set_state_dict(state_module(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=TRAINED)
+    set_state_dict(state_module(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=TRAINED)
 
 
 def gathered_weights(model: Any) -> dict[str, torch.Tensor]:

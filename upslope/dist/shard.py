@@ -64,42 +64,43 @@ def state_module(model: Any) -> Any:
 def shard_model(model: Any, d: DistConfig, train: TrainConfig, device: torch.device) -> Any:
     """The model as this rank holds it, its weights read from disk by rank 0 alone: rank 0 passes
     the loaded model, every other rank the same architecture with its parameters on the meta
-    device (`load_model(empty=True)`). ddp: each rank then holds the whole; fsdp: FSDP2
-    `fully_shard` per decoder layer, then the root (bf16 compute: a MixedPrecisionPolicy that
-    all-gathers bf16 and reduces gradients in fp32). Every rank's parameters (its shards) are
-    then filled from rank 0's full state dict one tensor at a time (torch's
-    `set_model_state_dict(broadcast_from_rank0=True)`), and its buffers broadcast; rank 0's
-    values also replace what the others drew (a fresh head or LoRA adapter)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
+    device (`load_model(empty=True)`), materialised here. ddp: each rank holds the whole, every
+    parameter and buffer broadcast from rank 0 in place. fsdp: FSDP2 `fully_shard` per decoder
+    layer, then the root (bf16 compute: a MixedPrecisionPolicy that all-gathers bf16 and reduces
+    gradients in fp32), each rank's shards filled from rank 0's full state dict one tensor at a
+    time (torch's `set_model_state_dict(broadcast_from_rank0=True)`), the buffers broadcast.
+    Either way rank 0's values replace what the others drew (a fresh head or LoRA adapter)."""
     main = group.is_main()
-    full = state_module(model).state_dict() if main else {}
-    if d.strategy == "fsdp":
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    if d.strategy == "ddp":
+        if not main:
+            model.to_empty(device=device)
+            if hasattr(model, "tie_weights"):  # to_empty made separate tensors of the tied ones
+                model.tie_weights()
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-        kw: dict[str, Any] = {}
-        if train.precision == "bfloat16":
-            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if d.cpu_offload:
-            kw["offload_policy"] = CPUOffloadPolicy()
-        for layer in decoder_layers(model):
-            fully_shard(layer, **kw)
-        # a frozen model (a reference, a teacher) has no backward to reshard its root after: every forward does
-        frozen = not any(p.requires_grad for p in model.parameters())
-        fully_shard(model, **kw, **({"reshard_after_forward": True} if frozen else {}))
-        for name in getattr(model, "forward_methods", ()):
-            from torch.distributed.fsdp import register_fsdp_forward_method
-
-            register_fsdp_forward_method(model, name)
-    if not main:  # materialise (uninitialised) this rank's parameters: the whole (ddp) or its shards
+    full = state_module(model).state_dict() if main else {}  # keeps rank 0's full tensors while it shards
+    kw: dict[str, Any] = {}
+    if train.precision == "bfloat16":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if d.cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    # a frozen model (a reference, a teacher) has no backward to reshard its root after: every forward does
+    frozen = not any(p.requires_grad for p in model.parameters())
+    fully_shard(model, **kw, **({"reshard_after_forward": True} if frozen else {}))
+    for name in getattr(model, "forward_methods", ()):
+        register_fsdp_forward_method(model, name)
+    if not main:  # this rank's (uninitialised) shards
         model.to_empty(device=torch.device("cpu") if d.cpu_offload else device)
-        if d.strategy == "ddp" and hasattr(model, "tie_weights"):  # to_empty made new tensors of tied ones
-            model.tie_weights()
     for b in model.buffers():
         dist.broadcast(b, src=0)
     set_model_state_dict(state_module(model), full,
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    del full
     return model
 
 

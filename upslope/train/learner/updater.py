@@ -19,7 +19,7 @@ from upslope.dist.balance import assign_by_tokens
 from upslope.models import load_model
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
-from upslope.train.learner.memory import use_lean_activations
+from upslope.train.learner.memory import return_large_frees, use_lean_activations
 from upslope.train.learner.optim import make_optimizer, make_scheduler
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ class Updater:
         self.device = torch.device(device) if device is not None else default_device()
         self.dist_cfg = dist or DistConfig()
         shard.check_combination(self.dist_cfg, optim, model, self.device)
+        if group.world() > 1 and self.device.type == "cpu":  # transient buffers must not stay resident
+            return_large_frees()
         self.model = loader(model_path, model, not reads_weights())
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if train.lean_activations:
