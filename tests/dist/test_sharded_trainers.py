@@ -23,6 +23,10 @@ CASES = list(objective_worker.CASES)
 LOGGED = {"dpo": ("loss", "pref/accuracy", "pref/margin", "pref/logp_chosen"),
           "rm": ("loss", "rm/accuracy", "rm/margin", "rm/score_mean"),
           "distill": ("loss", "grad_norm"), "critic": ("critic/loss", "critic/clip_frac", "critic/grad_norm")}
+# max abs weight difference after 3 updates (lr 1e-3; weights O(0.1)): float32 rounding of sums taken in another
+# order. The critic's AdamW has eps 1e-8 (critic_optim), so a gradient entry near zero passes more of its rounding
+# on to the update (measured: 8.9e-7 under ddp, 0 under fsdp)
+TOLERANCE = {"dpo": 1e-6, "rm": 1e-6, "distill": 1e-6, "critic": 3e-6}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,8 @@ def test_two_ranks_train_like_one_process(runs, strategy, case):
     for key in LOGGED[case]:
         got, want = [m[key] for m in two["metrics"]], [m[key] for m in one["metrics"]]
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6), key
-    assert max_diff(two["weights"], one["weights"]) < 1e-6
-    first = results(runs, strategy, case)[0]["metrics"][0]
+    assert max_diff(two["weights"], one["weights"]) < TOLERANCE[case]
+    first = one["metrics"][0]
     assert first.get("loss", first.get("critic/loss"))  # a non-zero loss: the update had something to learn
 
 
@@ -74,6 +78,6 @@ def test_critic_resumes_on_another_number_of_processes(runs, strategy, tiny_mode
     up = torch.load(two / "resumed.pt")  # 1 -> 2
     assert max_diff(back["loaded"], torch.load(two / "result.pt", weights_only=False)["weights"]) == 0.0
     assert max_diff(up["loaded"], reference["loaded"]) == 0.0
-    assert max_diff(back["weights"], reference["weights"]) < 1e-6
-    assert max_diff(up["weights"], reference["weights"]) < 1e-6
+    assert max_diff(back["weights"], reference["weights"]) < TOLERANCE["critic"]
+    assert max_diff(up["weights"], reference["weights"]) < TOLERANCE["critic"]
     assert max_diff(reference["weights"], reference["loaded"]) > 1e-4  # the 4th update moved the critic
