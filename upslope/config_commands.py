@@ -106,7 +106,7 @@ class RandOptConfig(Section):
 
 class DistConfig(Section):
     """The sharded learner: N learner processes (torch.distributed); rank 0 also owns the engine and data."""
-    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: `upslope train` spawns N "
+    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: the trainer spawns N "
                                 "ranks on this machine, or set by torchrun's WORLD_SIZE)", ge=1)
     strategy: Literal["ddp", "fsdp"] = opt("fsdp", "ddp: every rank holds the whole model, gradients are summed; "
                                                    "fsdp: FSDP2 fully_shard per decoder layer (parameters, gradients "

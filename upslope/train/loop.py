@@ -136,6 +136,10 @@ class BaseTrainer:
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         """Restore what `extra_state` saved."""
 
+    def save_extra_shards(self, shards: Path) -> None:
+        """Across learner ranks: the DCP shards of any other trained model (PPO's critic) under
+        `shards`, the checkpoint's sharded/ directory (every rank calls it)."""
+
     def encode_prompts(self, examples: list[Example]) -> tuple[list[list[int]], list[Example]]:
         """Prompt token ids through the chat template; long prompts are an error or dropped."""
         cfg = self.cfg
@@ -310,6 +314,7 @@ class BaseTrainer:
                                         state, dump(self.cfg), self.cfg.train.keep_last)
         staged = ckpt_dir / f".sharded-step_{step:06d}"  # every rank writes its shards, rank 0 moves them in
         self.updater.save_sharded(staged)
+        self.save_extra_shards(staged)
         weights = self.updater.export_weights()  # gathered on rank 0 for the HF-format model/
         final = ckpt_dir / f"step_{step:06d}"
         if self.main:

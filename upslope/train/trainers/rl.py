@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
@@ -85,11 +86,15 @@ class Trainer(BaseTrainer):
             state["replay"] = self.replay.state_dict()
         return state
 
+    def save_extra_shards(self, shards: Path) -> None:
+        if self.critic is not None:
+            self.critic.save_sharded(shards)
+
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.critic is not None:
             if "critic" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
-            self.critic.load(state["critic"])
+            self.critic.load(state["critic"], path / ckpt.SHARDED)
         if self.replay is not None:
             if "replay" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
