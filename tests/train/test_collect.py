@@ -102,3 +102,26 @@ def test_stage_clock_accumulates_per_stage():
     assert set(m) == {"time/a", "time/b"} and m["time/a"] >= 0.02
     assert throughput({"rollout/generated_tokens": 10.0, "time/rollout": 2.0, "learner/tokens": 4.0}) == \
         {"rollout/tokens_per_s": 5.0}  # no learner time: no learner rate
+
+
+def test_a_pausing_stage_is_left_out_of_the_one_it_runs_in():
+    """The learner's streamed work inside the wait for rollouts: the wait's time and timeline spans
+    exclude it, so the two never overlap; the enclosing step (not paused) keeps counting."""
+    clock = StageClock()
+    with clock("step"):
+        t0 = time.perf_counter()
+        with clock("rollout"):
+            time.sleep(0.02)
+            with clock("learner", pause="rollout"):
+                time.sleep(0.05)
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+        with clock("other", pause="rollout"):  # pausing a stage that is not running changes nothing
+            pass
+    s = clock.seconds
+    assert s["learner"] >= 0.05 and s["rollout"] >= 0.04 and s["step"] >= elapsed
+    assert s["rollout"] + s["learner"] == pytest.approx(elapsed, abs=5e-3)
+    spans = {stage: [(a, b) for st, a, b in clock.spans if st == stage] for stage in ("rollout", "learner")}
+    (l0, l1), = spans["learner"]
+    assert len(spans["rollout"]) == 2 and all(b <= l0 or a >= l1 for a, b in spans["rollout"])
+    assert not clock.open

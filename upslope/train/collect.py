@@ -4,11 +4,11 @@ on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from upslope.batch import Batch, concat
+from upslope.batch import Batch, concat, in_group_order
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn
@@ -60,37 +60,67 @@ def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
     return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
 
+PiecesFn = Callable[..., Iterable[Batch]]  # a RolloutFn's arguments -> the round's groups, a piece at a time
+
+
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
             keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
-            clock: StageClock | None = None, strict_rewards: bool = True) -> Collected:
+            clock: StageClock | None = None, strict_rewards: bool = True, pieces: PiecesFn | None = None,
+            on_kept: Callable[[Batch], None] | None = None) -> Collected:
     """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
     missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
     reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
-    1 + `max_rounds` rounds. Group ids are unique across rounds."""
+    1 + `max_rounds` rounds. Group ids are unique across rounds.
+
+    With `pieces` (the Ray workers' jobs, as they finish) a round arrives in pieces of whole groups:
+    each is rewarded and kept on arrival and what it keeps goes to `on_kept` at once (the streamed
+    update; with `refill`, every kept group is in the batch), so the reward and the keep step must
+    be per group; a round's pieces are joined in group order, as one rollout would return them."""
+    if on_kept is not None and not refill:
+        raise ValueError("collect: on_kept needs refill (without it the batch is cut to `want` groups at the end)")
     clock = clock or StageClock()
     seen: list[Batch] = []
     kept: list[Batch] = []
     metrics: dict[str, Any] = {}
     groups = dropped = 0
     indices: list[int] = []
+    generate = pieces or whole_round(rollout)
     for round_ in range(max_rounds + 1):
         idx = list(draw(want - groups if round_ and refill else per_round))
-        with clock("rollout"):
-            b = rollout(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
-                        sampling(round_), pad_id, group_offset=len(indices))
-        if task.reward_fns:
-            with clock("reward"):
-                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards)
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+        parts = iter(generate(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
+                              sampling(round_), pad_id, group_offset=len(indices)))
+        scored, kept_now, round_metrics, errors = [], [], {}, {}
+        while True:
+            with clock("rollout"):
+                b = next(parts, None)
+            if b is None:
+                break
+            if task.reward_fns:
+                with clock("reward"):
+                    b, m, e = stages.score_batch(b, task.reward_fns, task.combiner, task.fallback)
+                for k, v in m.items():
+                    round_metrics[k] = round_metrics.get(k, 0.0) + v
+                for k, v in e.items():
+                    errors.setdefault(k, v)
+            scored.append(b)
+            b = keep(b) if keep is not None else b
+            if b.size:
+                kept_now.append(b)
+                if on_kept is not None:
+                    on_kept(b)
+        size = sum(b.size for b in scored)
+        if strict_rewards:
+            stages.check_reward_failures(round_metrics, errors, size)
+        for k, v in round_metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v
         indices += idx
-        seen.append(b)
-        b = keep(b) if keep is not None else b
-        dropped += len(idx) - (b.num_groups if b.size else 0)
-        if b.size:
-            kept.append(b)
-            groups += b.num_groups
+        seen.append(in_group_order(scored, pad_id))
+        round_kept = sum(b.num_groups for b in kept_now)
+        dropped += len(idx) - round_kept
+        if kept_now:
+            kept.append(in_group_order(kept_now, pad_id))
+            groups += round_kept
         if groups >= want:
             break
     everything = concat(seen, pad_id)
@@ -102,3 +132,11 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
         first = batch.group_ids.unique()[:want]
         batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
     return Collected(batch, everything, metrics, indices, groups, dropped)
+
+
+def whole_round(rollout: stages.RolloutFn) -> PiecesFn:
+    """A rollout as the pieces of a round: one piece, the whole round, generated when it is asked for."""
+    def pieces(*args: Any, **kwargs: Any) -> Iterator[Batch]:
+        yield rollout(*args, **kwargs)
+    return pieces
+

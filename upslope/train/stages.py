@@ -51,6 +51,16 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
            fallback: float, strict: bool = True) -> tuple[Batch, dict[str, float]]:
     """Score each completion with every reward: a Batch with named components and the combined
     reward. With `strict`, a reward that fails on every sample of a batch is an error."""
+    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback)
+    if strict:
+        check_reward_failures(metrics, errors, batch.size)
+    return batch, metrics
+
+
+def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
+                fallback: float) -> tuple[Batch, dict[str, float], dict[str, str]]:
+    """`reward` without the strict check: also each failing reward's first error (a round that
+    arrives in pieces is checked once whole, see `check_reward_failures`)."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
@@ -62,13 +72,17 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
     override = torch.tensor([float(m.get("reward_override", float("nan"))) for m in batch.meta])
     combined = torch.where(override.isnan(), combined * scale, override) if batch.meta else combined
     batch = replace(batch, reward_components=components, rewards=combined)
-    for name, count in result.failures.items():
-        if strict and count == batch.size and batch.size > 1:
-            raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
-                               f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
     metrics.update({f"sandbox/{k}": float(v) for k, v in status_counts(batch.meta).items()})
-    return batch, metrics
+    return batch, metrics, result.errors
+
+
+def check_reward_failures(metrics: dict[str, float], errors: dict[str, str], size: int) -> None:
+    """A reward that failed on every one of `size` (> 1) samples is an error (`metrics` counts the failures)."""
+    for name, error in errors.items():
+        if metrics.get(f"reward_failures/{name}", 0.0) == size and size > 1:
+            raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({error}); "
+                               f"fix the reward function (failures on some samples get reward_fallback instead)")
 
 
 def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor]]) -> Batch:
