@@ -41,6 +41,7 @@ class Done:
     start: float
     end: float
     tokens: int
+    device: str = "cpu"  # where the worker's engine generated it
 
 
 class RolloutWorker:
@@ -80,7 +81,8 @@ class RolloutWorker:
         """Run the rollout plugin on the job's prompts with the current weights."""
         start = time.time()
         batch = self.rollout(self.engine, prompts, examples, job.params, self.pad_id, group_offset=job.group_offset)
-        return Done(job, batch, self.version, self.worker, start, time.time(), int(batch.completion_lens.sum()))
+        return Done(job, batch, self.version, self.worker, start, time.time(), int(batch.completion_lens.sum()),
+                    self.engine.device)
 
     def pid(self) -> int:
         """The actor's process id (to kill it in fault tests)."""
@@ -113,7 +115,8 @@ def unpack_weights(packed: Packed) -> Iterator[tuple[str, torch.Tensor]]:
     with warnings.catch_warnings():  # the object store's buffers are read-only; nothing writes to them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for name, (raw, dtype, shape) in packed.items():
-            yield name, torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)
+            kind = getattr(torch, dtype)
+            yield name, torch.from_numpy(raw).view(kind).view(shape) if raw.size else torch.empty(shape, dtype=kind)
 
 
 def put_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Any:

@@ -177,10 +177,9 @@ class RolloutPipe:
                 if key not in self.buffer and not (idle is not None and idle()):
                     self.harvest(timeout=None)
 
-    def take(self, step: int, round_: int) -> tuple[Batch, int]:
-        """All the groups of (step, round) in order (see `arrivals`) and the largest lag among them."""
-        dones = sorted(self.arrivals(step, round_), key=lambda d: d.job.key)
-        return concat([d.batch for d in dones], self.pad_id), max(self.version - d.version for d in dones)
+    def take(self, step: int, round_: int) -> list[Done]:
+        """All the finished jobs of (step, round), in order (see `arrivals`)."""
+        return sorted(self.arrivals(step, round_), key=lambda d: d.job.key)
 
     def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Put the learner's weights of `version` in the object store once and send every worker the
@@ -269,6 +268,7 @@ class StepFeed:
         self.round = 0
         self.indices: list[int] = []
         self.max_lag = 0
+        self.on_gpu = False
 
     def draw(self, k: int) -> list[int]:
         if self.round == 0:
@@ -290,13 +290,19 @@ class StepFeed:
     def rollout(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
                 pad_id: int, group_offset: int = 0) -> Batch:
         """The round's groups in order, once all have arrived."""
-        batch, lag = self.pipe.take(self.step, self.begin_round(sampling, group_offset))
-        self.max_lag = max(self.max_lag, lag)
-        return batch
+        dones = self.pipe.take(self.step, self.begin_round(sampling, group_offset))
+        self.seen(dones)
+        return concat([d.batch for d in dones], pad_id)
 
     def pieces(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
                pad_id: int, group_offset: int = 0) -> Iterator[Batch]:
         """The round's groups, a finished job at a time (running `idle` while none is ready)."""
         for done in self.pipe.arrivals(self.step, self.begin_round(sampling, group_offset), self.idle):
-            self.max_lag = max(self.max_lag, self.pipe.version - done.version)
+            self.seen([done])
             yield done.batch
+
+    def seen(self, dones: list[Done]) -> None:
+        """Note the largest lag and whether a GPU generated (the step's metrics)."""
+        for d in dones:
+            self.max_lag = max(self.max_lag, self.pipe.version - d.version)
+            self.on_gpu = self.on_gpu or d.device.startswith("cuda")

@@ -207,6 +207,7 @@ class BaseTrainer:
                       pieces=feed.pieces if stream is not None else None,
                       on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
+        got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
         return got
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
