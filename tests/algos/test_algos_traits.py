@@ -8,7 +8,7 @@ from upslope.algos.advantages import gae_advantages_and_returns
 from upslope.algos.common import last_token_rewards
 from upslope.config import load_config
 from upslope.errors import ConfigError
-from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS
+from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS, REWARDS
 from upslope.train import stages
 from upslope.train.trainers.rl import check_config, stream_blocker
 
@@ -60,12 +60,17 @@ def test_the_loop_streams_the_update_unless_something_needs_the_whole_batch(extr
     assert why == reason if reason is None else reason in why
 
 
-def test_a_user_estimator_with_the_trait_is_not_streamed():
+def test_a_user_plugin_with_the_trait_is_not_streamed():
+    """By trait, not by name: a registered advantage or reward that declares whole_batch waits."""
     ADVANTAGES.register("test_traits_whole", grouped=True, whole_batch=True)(ADVANTAGES.get("grpo").fn)
+    REWARDS.register("test_traits_whole_reward", whole_batch=True)(REWARDS.get("exact").fn)
     try:
         assert "test_traits_whole" in stream_blocker(load_config(None, ["algo.advantage.name=test_traits_whole"]))
+        why = stream_blocker(load_config(None, ["reward=[{name: test_traits_whole_reward}]"]))
+        assert why == "reward 'test_traits_whole_reward' uses statistics of the whole round"
     finally:
         ADVANTAGES._entries.pop("test_traits_whole")
+        REWARDS._entries.pop("test_traits_whole_reward")
 
 
 def test_a_critic_advantage_sets_advantages_and_returns_once():

@@ -9,7 +9,7 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, ROLLOUTS, SAMPLERS
+from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective, several_passes
 from upslope.train.learner.stream import Prepared, StreamedUpdate
@@ -46,6 +46,9 @@ def stream_blocker(cfg: Config) -> str | None:
         return "several optimiser steps per batch (train.updates_per_batch x train.epochs_per_batch > 1)"
     if ADVANTAGES.get(algo.advantage.name, "algo.advantage.name").attrs.get("whole_batch"):
         return f"advantage '{algo.advantage.name}' uses statistics of the whole batch"
+    for spec in cfg.reward:  # a reward given as FILE:FUNCTION is per sample or batched over a piece
+        if spec.name in REWARDS and REWARDS.get(spec.name).attrs.get("whole_batch"):
+            return f"reward '{spec.name}' uses statistics of the whole round"
     if REWARD_COMBINERS.get(algo.reward_combiner.name, "algo.reward_combiner.name").attrs.get("whole_batch"):
         return f"reward combiner '{algo.reward_combiner.name}' uses statistics of the whole round"
     for f in algo.filters:
