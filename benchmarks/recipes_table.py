@@ -33,10 +33,11 @@ def rl_recipes() -> list[str]:
     return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if rl(p))
 
 
-def run(recipe: str, steps: int, run_dir: Path, eval_before: bool, seed: int = 0) -> dict:
+def run(recipe: str, steps: int, run_dir: Path, eval_before: bool, seed: int = 0,
+        extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
            f"train.steps={steps}", f"train.seed={seed}", f"engine.seed={seed}", "train.eval_every=0", f"train.eval_before={str(eval_before).lower()}",
-           f"run_dir={run_dir}", "log.progress=false", "log.tensorboard=false"]
+           f"run_dir={run_dir}", "log.progress=false", "log.tensorboard=false", *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -61,12 +62,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--recipes", nargs="*", default=rl_recipes(), help="default: every RL recipe (upslope train)")
     ap.add_argument("--seed", type=int, default=0, help="train.seed and engine.seed of every run")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override passed to every run (e.g. train.threads=1)")
     ap.add_argument("--work", default="/tmp/upslope-recipes")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipes.json"))
     a = ap.parse_args()
     results = []
     for i, recipe in enumerate(a.recipes):
-        r = run(recipe, a.steps, Path(a.work) / f"{recipe}-s{a.seed}", eval_before=(i == 0), seed=a.seed)
+        r = run(recipe, a.steps, Path(a.work) / f"{recipe}-s{a.seed}", eval_before=(i == 0), seed=a.seed,
+                extra=tuple(a.set))
         results.append(r)
         print(json.dumps(r), flush=True)
     base = next((r["acc_before"] for r in results if r.get("acc_before") is not None), None)

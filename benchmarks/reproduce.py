@@ -5,14 +5,20 @@ baseline on the same task, several seeds each, with a 95% interval on the differ
     python benchmarks/reproduce.py --render          # regenerate docs/reproductions.md from the JSON rows
 
 Arms are interleaved (seed 0: method, baseline; seed 1: ...) and an arm's seed S runs with
-`train.seed=S engine.seed=S`, so both arms see the same prompts per seed. The metric is read
-from each run's metrics.jsonl (its last record holding the key, e.g. the final eval/accuracy).
-The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of freedom).
-Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced when
-it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
+`train.seed=S engine.seed=S`, so both arms see the same prompts per seed. Each arm is one
+`upslope train` (or the claim's `command`, e.g. `distill`; a distillation claim first trains its
+teacher recipe once, seed 0, and gives both arms that run as `distill.teacher`; a claim's
+`baseline_command` runs its baseline arm when that differs, e.g. `randopt` against `train`). A metric is read
+from each run's metrics.jsonl: `KEY` is its last record holding KEY (e.g. the final eval/accuracy),
+`mean:KEY` the mean over every record holding it (a step metric over the run, e.g. mean:mismatch).
+A claim's further metrics (`also`, e.g. accuracy beside a calibration error) get the same interval
+and verdict. The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of
+freedom). Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced
+when it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
 docs/results/reproductions.json with its command and the CPU time of its runs. A finished arm
 whose command and commit are unchanged is reused (so one baseline run serves every method's
-row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read.
+row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read (a
+teacher's is kept).
 """
 from __future__ import annotations
 
@@ -42,7 +48,9 @@ RUN_FLAGS = ("log.progress=false", "log.tensorboard=false", "log.plot=false", "t
 @dataclass(frozen=True)
 class Claim:
     """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction,
-    and overrides both arms run with (e.g. sampled evaluation for a pass@k metric)."""
+    overrides both arms run with (e.g. sampled evaluation for a pass@k metric), further (metric,
+    direction) pairs reported beside the claim (`also`), the upslope command the arms run, and for a
+    distillation claim the recipe of the teacher trained first."""
 
     recipe: str
     baseline: str
@@ -50,9 +58,22 @@ class Claim:
     direction: str  # "higher" or "lower"
     paper: str
     overrides: tuple[str, ...] = ()
+    also: tuple[tuple[str, str], ...] = ()
+    command: str = "train"
+    teacher: str | None = None
+    baseline_command: str | None = None  # the baseline arm's command when it differs (randopt against train)
+
+    def metrics(self) -> list[tuple[str, str]]:
+        """(metric, direction) of the claim, then of `also`."""
+        return [(self.metric, self.direction), *self.also]
+
+    def command_of(self, arm: str) -> str:
+        """The upslope command an arm ("method" or "baseline") runs."""
+        return self.baseline_command or self.command if arm == "baseline" else self.command
 
 
 PASS_AT_8 = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
+MISMATCH = ("rollout.top_p=0.9",)
 METHODS: dict[str, Claim] = {
     "cero": Claim("cero", "headroom", "eval/accuracy", "higher",
                   "Cross-Epoch Adaptive Rollout Optimization for RL Post-Training (CERO)"),
@@ -65,6 +86,43 @@ METHODS: dict[str, Claim] = {
                     "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
                     "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
+    # issue 20, part B: trust regions and objectives (their claims: better accuracy at equal steps, more
+    # stable training; DCMDP also a smaller train/inference discrepancy). MISMATCH is the sampler/learner
+    # gap both arms run under: nucleus sampling (top_p 0.9) makes the sampler's log-probs those of the
+    # renormalised nucleus, while an fp32 engine and an fp32 learner should differ by very little.
+    "dppo": Claim("dppo", "headroom", "eval/accuracy", "higher",
+                  "DPPO: a trust region on the sampled token's probability shift (as described in DRPO's abstract)",
+                  ("train.updates_per_batch=2",)),
+    "drpo": Claim("drpo", "dppo", "eval/accuracy", "higher",
+                  "Rethinking the Divergence Regularization in LLM RL (DRPO)"),
+    "mipu": Claim("mipu", "headroom", "eval/accuracy", "higher",
+                  "The Mirage of Optimizing Training Policies: Monotonic Inference Policies as the Real Objective "
+                  "for LLM Reinforcement Learning (MIPU)", (*MISMATCH, "algo.correction={level: token, cap: 2.0}")),
+    "dcmdp": Claim("dcmdp", "headroom", "eval/accuracy", "higher",
+                   "Reformulate LLM Reinforcement Learning for Efficient Training under Black-box Discrepancy (DCMDP)",
+                   MISMATCH, also=(("mean:mismatch", "lower"),)),
+    # rewards: multi-objective on the two-component headroom task (correctness, reply is only the number)
+    # (SAW's eval/mean_reward is not comparable: its combiner reweights the held-out batch too)
+    "saw": Claim("saw", "headroom_format", "eval/accuracy", "higher",
+                 "SAW: Stage-Aware Dynamic Weighting for Multi-Objective Reinforcement Learning in LLMs"),
+    "gd2po": Claim("gd2po", "headroom_gdpo", "eval/accuracy", "higher",
+                   "GD2PO: Mitigating Multi-Reward Conflicts via Group-Dynamic reward-Decoupled Policy Optimization",
+                   also=(("eval/mean_reward", "higher"),)),  # both arms sum the components with fixed weights
+    "recal": Claim("recal", "headroom_format", "eval/accuracy", "higher",
+                   "ReCal: Reward Calibration for RL-based LLM Routing"),
+    # rewards: calibration, selective prediction and length on the confidence task (confidence.yaml)
+    "calibration": Claim("calibration", "confidence", "eval/ece", "lower",
+                         "On the effectiveness of reward functions in RL for confidence calibration of LLMs",
+                         also=(("eval/brier", "lower"), ("eval/accuracy", "higher"))),
+    "selective": Claim("selective", "confidence", "eval/aurc", "lower",
+                       "Aligning Language Models with Selective Prediction (RLSR)",
+                       also=(("eval/selective_risk", "lower"),)),  # coverage is traded for risk: no direction
+    "suco": Claim("suco", "confidence", "eval/mean_length", "lower",
+                  "SuCo: Sufficiency-guided Continuous Adaptive Reasoning", also=(("eval/accuracy", "higher"),)),
+    # distillation: the student (the base model) distilled from a headroom GRPO run trained first
+    "arkd": Claim("arkd", "distill_headroom", "eval/accuracy", "higher",
+                  "ARKD: Adaptive RL-Guided Bidirectional KL Divergence Distillation for Text Generation",
+                  command="distill", teacher="headroom"),
     # issue 21, part 2: exploration and rollout shaping
     "darts": Claim("darts", "headroom", "eval/accuracy", "higher",
                    "DARTS: over-sample, keep concise and confident trajectories"),
@@ -78,7 +136,21 @@ METHODS: dict[str, Claim] = {
                    "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
     "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
                    "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
+    "treerpo": Claim("treerpo", "headroom", "eval/accuracy", "higher",
+                     "TreeRPO: Tree Relative Policy Optimization (tree rollouts, per-segment credit)"),
+    "catpo": Claim("catpo", "headroom", "eval/accuracy", "higher",
+                   "CATPO: Critique-Augmented Tree Policy Optimization"),
+    "td_grokking": Claim("td_grokking", "headroom", "eval/accuracy", "higher",
+                         "TD-Grokking: Learning from Zero-Reward Problems by Training-Time Decomposition"),
 }
+METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, no gradients
+    "randopt": Claim("randopt", "headroom", "eval/accuracy", "higher",
+                     "RandOpt-style Gaussian weight perturbations with an evolution-strategies update",
+                     command="randopt", baseline_command="train"),
+    "corp": Claim("corp", "headroom", "eval/accuracy", "higher",
+                  "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt",
+                  baseline_command="train"),
+})
 METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
                      "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
@@ -154,35 +226,46 @@ def verdict(low: float, high: float, direction: str) -> str:
     return "reproduced" if above == (direction == "higher") else "not reproduced"
 
 
-def row_for(method: str, claim: Claim, values: dict[str, list[float]], *, steps: int, seeds: list[int],
-            command: str, cpu_s: float) -> dict[str, Any]:
-    """The reproduction row of one method from its per-seed metric values ({"method": [...], "baseline": [...]})."""
+def comparison(values: dict[str, list[float]], direction: str) -> dict[str, Any]:
+    """Per-arm values, mean and sd, the difference (method - baseline) with its Welch interval, and the verdict."""
     diff, low, high = welch_interval(values["method"], values["baseline"])
     arms = {arm: {"values": v, "mean": statistics.mean(v), "sd": statistics.stdev(v)} for arm, v in values.items()}
+    return {"arms": arms, "diff": diff, "ci95": [low, high], "verdict": verdict(low, high, direction)}
+
+
+def row_for(method: str, claim: Claim, values: dict[str, dict[str, list[float]]], *, steps: int, seeds: list[int],
+            command: str, cpu_s: float) -> dict[str, Any]:
+    """The reproduction row of one method from its per-seed values of each claimed metric
+    ({metric: {"method": [...], "baseline": [...]}}); `also` holds the further metrics' comparisons."""
+    main = comparison(values[claim.metric], claim.direction)
+    also = [{"metric": m, "direction": d, **comparison(values[m], d)} for m, d in claim.also]
     return {"method": method, "recipe": claim.recipe, "baseline": claim.baseline, "metric": claim.metric,
-            "direction": claim.direction, "paper": claim.paper, "steps": steps, "seeds": seeds, "arms": arms,
-            "diff": diff, "ci95": [low, high], "interval": "Welch t, 95%",
-            "verdict": verdict(low, high, claim.direction), "command": command, "cpu_s": round(cpu_s, 1),
+            "direction": claim.direction, "paper": claim.paper, "steps": steps, "seeds": seeds, **main,
+            "interval": "Welch t, 95%", "also": also, "command": command, "cpu_s": round(cpu_s, 1),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 # ---------------------------------------------------------------- runs
 
 
-def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str]) -> list[str]:
-    """`upslope train` of one arm at one seed (the same prompts per seed in both arms)."""
-    return [sys.executable, "-m", "upslope.cli", "train", str(ROOT / "recipes" / f"{recipe}.yaml"),
+def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str],
+                command: str = "train") -> list[str]:
+    """`upslope COMMAND` (train, distill, randopt) of one arm at one seed (the same prompts per seed in both arms)."""
+    return [sys.executable, "-m", "upslope.cli", command, str(ROOT / "recipes" / f"{recipe}.yaml"),
             f"train.seed={seed}", f"engine.seed={seed}", f"train.steps={steps}", f"run_dir={run_dir}",
             *RUN_FLAGS, *extra]
 
 
 def final_metric(metrics_file: Path, key: str) -> float:
-    """The value of `key` in the last record of a run's metrics.jsonl that holds it."""
+    """`key` from a run's metrics.jsonl: its value in the last record holding it, or with a `mean:`
+    prefix the mean over every record holding the rest (a step metric over the whole run)."""
+    reduce_mean = key.startswith("mean:")
+    name = key.removeprefix("mean:")
     rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()]
-    found = [r[key] for r in rows if key in r]
+    found = [float(r[name]) for r in rows if name in r]
     if not found:
-        raise KeyError(f"{metrics_file}: no record holds '{key}'")
-    return float(found[-1])
+        raise KeyError(f"{metrics_file}: no record holds '{name}'")
+    return statistics.mean(found) if reduce_mean else found[-1]
 
 
 def children_cpu_s() -> float:
@@ -201,14 +284,18 @@ def git_head() -> str:
     return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
-def run_arm(cmd: list[str], run_dir: Path, metric: str, fresh: bool = False) -> tuple[float, bool]:
-    """(metric, reused): a finished run of the identical command at the same commit in `run_dir` is
-    reused (baselines are shared by every method's row); otherwise the directory is cleared and the
-    arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay)."""
+def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,
+            keep_checkpoints: bool = False) -> tuple[dict[str, float], bool]:
+    """({metric: value}, reused): a finished run of the identical command at the same commit in `run_dir`
+    is reused (baselines are shared by every method's row); otherwise the directory is cleared and the
+    arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay) unless
+    `keep_checkpoints` (a distillation teacher)."""
     stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
+    read = lambda: {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}  # noqa: E731
     if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         try:
-            return final_metric(run_dir / "metrics.jsonl", metric), True
+            if not keep_checkpoints or (run_dir / "checkpoints").is_dir():
+                return read(), True
         except (KeyError, OSError):
             pass
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -216,46 +303,67 @@ def run_arm(cmd: list[str], run_dir: Path, metric: str, fresh: bool = False) -> 
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"the run in {run_dir} failed: {tail}")
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    if not keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     stamp_file.write_text(json.dumps(stamp))
-    return final_metric(run_dir / "metrics.jsonl", metric), False
+    return read(), False
 
 
 def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
     """A method arm's run directory; a baseline's is keyed by recipe, steps and overrides, so rows share it."""
     if arm == "method":
         return work / method / arm / f"seed{seed}"
-    key = hashlib.sha1(json.dumps([steps, list(overrides)]).encode()).hexdigest()[:10]
-    return work / "baselines" / f"{recipe}-{key}" / f"seed{seed}"
+    return work / "baselines" / f"{recipe}-{stamp_key(steps, list(overrides))}" / f"seed{seed}"
+
+
+def stamp_key(*parts: Any) -> str:
+    """A short hash naming a shared run directory by what its runs depend on."""
+    return hashlib.sha1(json.dumps(list(parts)).encode()).hexdigest()[:10]
 
 
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
               dry_run: bool = False, fresh: bool = False) -> dict[str, Any] | None:
-    """Run both arms interleaved over `seeds`; the row (None with dry_run, which prints the commands)."""
+    """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim); the row
+    (None with dry_run, which prints the commands)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
     overrides = [*claim.overrides, *extra]
-    values: dict[str, list[float]] = {arm: [] for arm in arms}
+    keys = [m for m, _ in claim.metrics()]
+    values: dict[str, dict[str, list[float]]] = {m: {arm: [] for arm in arms} for m in keys}
     reused = 0
+    teacher: dict[str, Any] = {}
     cpu0 = children_cpu_s()
+    if claim.teacher:  # trained once (seed 0) with the user's overrides; its run directory teaches both arms
+        teacher_dir = work / "teachers" / f"{claim.teacher}-{stamp_key(steps, list(extra))}"
+        cmd = arm_command(claim.teacher, 0, steps, teacher_dir, extra)
+        if dry_run:
+            print(shlex.join(cmd))
+        else:
+            got, again = run_arm(cmd, teacher_dir, ["eval/accuracy"], fresh, keep_checkpoints=True)
+            teacher = {"recipe": claim.teacher, "run_dir": str(teacher_dir), **got}
+            reused += again
+        overrides.append(f"distill.teacher={teacher_dir}")
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
-            cmd = arm_command(recipe, seed, steps, run_dir, overrides)
+            cmd = arm_command(recipe, seed, steps, run_dir, overrides, claim.command_of(arm))
             if dry_run:
                 print(shlex.join(cmd))
                 continue
-            value, again = run_arm(cmd, run_dir, claim.metric, fresh)
-            values[arm].append(value)
+            got, again = run_arm(cmd, run_dir, keys, fresh)
+            for m in keys:
+                values[m][arm].append(got[m])
             reused += again
-            print(f"{method} {arm} seed {seed}: {claim.metric} = {value:.4f}{' (reused)' if again else ''}",
-                  flush=True)
+            shown = ", ".join(f"{m} = {got[m]:.4f}" for m in keys)
+            print(f"{method} {arm} seed {seed}: {shown}{' (reused)' if again else ''}", flush=True)
     if dry_run:
         return None
     command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
                           "--seeds", str(len(seeds)), *[f"--set={x}" for x in extra]])
     row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
     row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
+    if teacher:
+        row["teacher"] = teacher
     return row
 
 
@@ -272,7 +380,9 @@ def render(rows: list[dict[str, Any]], notes: str = "") -> str:
            "edit by hand. Each row: the method's recipe against its baseline on the same task, seeds interleaved, "
            "metric mean ± sd per arm, the difference (method − baseline) with a 95% Welch t interval, and the "
            "verdict (reproduced / not reproduced / inconclusive: the interval excludes 0 in the claimed "
-           "direction / the opposite one / contains 0). Refuted and inconclusive rows are results too.", ""]
+           "direction / the opposite one / contains 0). A row marked (also) is a further metric of the same runs "
+           "that the claim is stated with (e.g. accuracy beside a calibration error), with its own interval and "
+           "verdict. Refuted and inconclusive rows are results too.", ""]
     if notes.strip():
         out += [notes.strip(), ""]
     out += ["## Rows", ""]
@@ -282,15 +392,20 @@ def render(rows: list[dict[str, Any]], notes: str = "") -> str:
         out += ["| method | paper | metric (claimed) | method arm | baseline arm | difference [95% CI] | verdict "
                 "| steps x seeds | CPU | command |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in latest.values():
-            m, b = r["arms"]["method"], r["arms"]["baseline"]
-            lo, hi = r["ci95"]
-            out.append(f"| {r['method']} | {r['paper']} | {r['metric']} ({r['direction']}) | {m['mean']:.3f} ± "
-                       f"{m['sd']:.3f} | {b['mean']:.3f} ± {b['sd']:.3f} ({r['baseline']}) | {r['diff']:+.3f} "
-                       f"[{lo:+.3f}, {hi:+.3f}] | {r['verdict']} | {r['steps']} x {len(r['seeds'])} | "
-                       f"{r['cpu_s'] / 3600:.2f} h | `{r['command']}` |")
+            out.append(f"| {r['method']} | {r['paper']} | {_cells(r, r['baseline'])} | {r['steps']} x "
+                       f"{len(r['seeds'])} | {r['cpu_s'] / 3600:.2f} h | `{r['command']}` |")
+            out += [f"| {r['method']} (also) | | {_cells(a, r['baseline'])} | | | |" for a in r.get("also", [])]
         total = sum(r["cpu_s"] for r in latest.values())
         out += ["", f"Total CPU time of these rows: {total / 3600:.2f} h ({total:.0f} s, user + system of the runs)."]
     return "\n".join(out) + "\n"
+
+
+def _cells(c: dict[str, Any], baseline: str) -> str:
+    """The metric, arm, difference and verdict cells of one comparison."""
+    m, b = c["arms"]["method"], c["arms"]["baseline"]
+    lo, hi = c["ci95"]
+    return (f"{c['metric']} ({c['direction']}) | {m['mean']:.3f} ± {m['sd']:.3f} | {b['mean']:.3f} ± {b['sd']:.3f} "
+            f"({baseline}) | {c['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {c['verdict']}")
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:

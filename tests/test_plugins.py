@@ -267,7 +267,7 @@ def test_upslope_plugins_rejects_an_unknown_kind_in_one_line(capsys):
     assert status == 2 and out == ""
     line = err.strip()
     assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
-                           "distill_loss, engine, environment, filter, kl, policy_loss, preference_loss, replay, reward, "
+                           "consolidate, distill_loss, engine, environment, filter, kl, policy_loss, preference_loss, replay, reward, "
                            "reward_combiner, ")
     assert "\n" not in line and ", sampler, task" in line
 

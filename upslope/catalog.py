@@ -139,6 +139,15 @@ def options_markdown() -> str:
            "| key | default | help |", "|---|---|---|"]
     for key, default, help_text in describe_options():
         out.append(f"| `{key}` | `{_cell(str(default))}` | {_cell(help_text)} |")
+    from upslope.sweep.spec import Range, SweepSpec
+
+    out += ["", "## upslope sweep", "",
+            "The keys of a sweep file, and the flags of `upslope sweep` (`--key VALUE`, `_` written `-`; "
+            "`upslope sweep --help`). A range in `space` is one of:", ""]
+    out += [f"- `{key}`: {help_text}" for key, _, help_text in describe_options(Range)]
+    out += ["", "| key | default | help |", "|---|---|---|"]
+    for key, default, help_text in describe_options(SweepSpec):
+        out.append(f"| `{key}` | `{_cell(str(default))}` | {_cell(help_text)} |")
     return "\n".join(out) + "\n"
 
 

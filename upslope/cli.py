@@ -1,11 +1,11 @@
-"""The `upslope` command line: the trainers (train, sft, rft, dpo, distill), eval, config."""
+"""The `upslope` command line: the trainers (train, sft, rft, dpo, distill, rm, randopt), sweep, eval, config."""
 from __future__ import annotations
 
 import os
 import sys
 from typing import Sequence
 
-from upslope.errors import UpslopeError
+from upslope.errors import UpslopeError, one_line
 
 USAGE = """usage: upslope COMMAND [RECIPE.yaml] [key=value ...]
 
@@ -17,6 +17,10 @@ commands:
   distill  [RECIPE] [overrides]   on-policy distillation from distill.teacher (a model, checkpoint, or self)
   dpo      [RECIPE] [overrides]   preference optimisation: DPO / IPO / SimPO on file or on-policy pairs
   rm       [RECIPE] [overrides]   train a reward model (Bradley-Terry) on file or on-policy preference pairs
+  randopt  [RECIPE] [overrides]   gradient-free search: Gaussian weight perturbations folded into one model (ES, CoRP)
+  sweep    RECIPE|SWEEP.yaml --space KEY=V1,V2 [--space ...] [--budget N] [--metric M] [--rungs S1,S2,...]
+                                 hyperparameter search: successive halving over trials of `upslope train`
+                                 that resume from their own checkpoints (upslope sweep --help)
   export   CHECKPOINT OUT_DIR [--force]
                                  write a checkpoint as a Hugging Face model (a LoRA adapter merged in);
                                  OUT_DIR must be new or empty (--force: replace it, never a directory
@@ -32,11 +36,6 @@ overrides are dotted keys, e.g.  model.name=/path/to/model  eval.n=8  eval.k=[1,
 
 
 HELP = ("-h", "--help", "help")
-
-
-def one_line(text: str) -> str:
-    """An error message as one line (a library's multi-line message is joined)."""
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def _quiet_libraries() -> None:
@@ -67,7 +66,7 @@ def _split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or any(a in HELP for a in argv[:2]):
+    if not argv or argv[0] in HELP or (argv[0] != "sweep" and any(a in HELP for a in argv[1:2])):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
@@ -127,6 +126,10 @@ def _dispatch(command: str, rest: list[str]) -> int:
 
     if command == "plugins":
         return _plugins_command(rest)
+    if command == "sweep":
+        from upslope.sweep.cli import sweep_command
+
+        return sweep_command(rest)
     if command == "config":
         if not rest or rest[0] not in ("show", "options"):
             raise UpslopeError("usage: upslope config show [RECIPE] [overrides] | upslope config options")
@@ -170,7 +173,7 @@ def _dispatch(command: str, rest: list[str]) -> int:
         print(f"wrote {out} ({'LoRA adapter merged into its base model' if merged else 'full-model checkpoint'}); "
               f"use it as model.name={out}")
         return 0
-    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'eval', 'export', 'config', 'plugins', 'doctor'])}); "
+    raise UpslopeError(f"unknown command '{command}' ({', '.join([*TRAINERS, 'sweep', 'eval', 'export', 'config', 'plugins', 'doctor'])}); "
                        f"see upslope --help")
 
 

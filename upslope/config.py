@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from upslope.config_base import Plugin, RewardSpec, Section, opt, opt_factory
-from upslope.config_commands import DistConfig, DistillConfig, DPOConfig, PipelineConfig, RFTConfig, RMConfig, SFTConfig
+from upslope.config_commands import (DistConfig, DistillConfig, DPOConfig, PipelineConfig, RandOptConfig, RFTConfig,
+                                     RMConfig, SFTConfig)
 from upslope.errors import ConfigError, UpslopeError
 
 
@@ -191,6 +192,8 @@ class TrainConfig(Section):
     seed: int = opt(0, "seed for data order, sampling and init")
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
     eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)
+    eval_at: list[Annotated[int, Field(ge=1)]] = opt([], "also evaluate after these steps (e.g. the rungs of "
+                                                         "upslope sweep)")
     eval_before: bool = opt(True, "evaluate before training")
     eval_after: bool = opt(True, "evaluate after training")
     save_every: int = opt(0, "checkpoint every N steps (0: only at the end)", ge=0)
@@ -228,6 +231,12 @@ class EvalConfig(Section):
     max_new_tokens: int | None = opt(None, "default: rollout.max_new_tokens", ge=1)
     k: list[int] = opt([1], "pass@k / maj@k values to report (each <= n)")
     limit: int | None = opt(200, "evaluate on the first N prompts", ge=1)
+    confidence_pattern: str | None = opt(None, "regex of a stated confidence (group 1 the number, group 2 an "
+                                               "optional %); set: also report ece, brier and confidence_stated "
+                                               "(a reply stating none counts as confidence 1)")
+    abstain_pattern: str | None = opt(None, "regex marking a reply as an abstention; set: also report coverage, "
+                                            "selective_risk and aurc (answers ranked by mean token log-prob, "
+                                            "abstentions last)")
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
 
     @field_validator("k")
@@ -290,6 +299,8 @@ class Config(Section):
     rft: RFTConfig = opt_factory(RFTConfig, "rejection-sampling fine-tuning (upslope rft)")
     dpo: DPOConfig = opt_factory(DPOConfig, "preference optimisation (upslope dpo)")
     rm: RMConfig = opt_factory(RMConfig, "reward-model training (upslope rm)")
+    randopt: RandOptConfig = opt_factory(RandOptConfig, "gradient-free weight-space search: RandOpt / ES / CoRP "
+                                                        "(upslope randopt)")
     lora: LoraConfig = opt_factory(LoraConfig, "LoRA adapter training (PEFT) for every trainer")
     dist: DistConfig = opt_factory(DistConfig, "sharded learner across processes (DDP / FSDP2) and rollout "
                                                "workers on Ray")
@@ -375,7 +386,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         defaults[section][name] = "auto"
     raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     if isinstance(raw.get("plugins"), list):  # command-line plugin files: relative to the working directory
         raw["plugins"] = _absolute_plugin_files(raw["plugins"], Path.cwd())
     return validate(raw, source=str(path) if path else "config")
@@ -476,7 +487,8 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set the dotted key of `key=value` (the value read as YAML) in the nested mapping `raw`."""
     if "=" not in item:
         raise ConfigError(f"override '{item}': expected key=value, e.g. train.steps=10")
     key, _, text = item.partition("=")

@@ -1,5 +1,5 @@
 """Config sections of the commands besides `upslope train`'s RL loop: sft, rft, dpo, rm, distill,
-and the sharded learner (`dist`)."""
+randopt, and the sharded learner (`dist`)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -87,9 +87,26 @@ class RMConfig(PairFileConfig):
                                       "pairs of rm.path)")
 
 
+class RandOptConfig(Section):
+    """`upslope randopt`: gradient-free search in weight space. Each step scores `population` perturbed
+    copies of the policy (seeded Gaussian noise, pushed into the rollout engine) on the same prompts and
+    folds them into one update (`consolidate`: es or corp)."""
+
+    population: int = opt(8, "perturbed copies of the policy scored each step (K; even with antithetic)", ge=2)
+    sigma: float = opt(1e-3, "standard deviation of the Gaussian noise added to every weight", gt=0)
+    antithetic: bool = opt(True, "mirrored pairs: perturbations +sigma d and -sigma d share one noise direction")
+    consolidate: Plugin = opt(Plugin(name="es"), "how the scored perturbations become one update (registry: "
+                                                 "consolidate): es (evolution strategies), corp (CoRP)",
+                              registry="consolidate")
+    gate_prompts: int = opt(0, "held-out gate: prompts drawn after the step's, on which the updated model must "
+                               "score at least the current one, else the update is dropped (0: off)", ge=0)
+    gate_tolerance: float = opt(0.0, "the gate also accepts an update whose mean reward is at most this much "
+                                     "below the current model's", ge=0)
+
+
 class DistConfig(Section):
     """The sharded learner: N learner processes (torch.distributed); rank 0 also owns the engine and data."""
-    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: `upslope train` spawns N "
+    learner_procs: int = opt(1, "learner processes (1: today's single-process learner; N: the trainer spawns N "
                                 "ranks on this machine, or set by torchrun's WORLD_SIZE)", ge=1)
     strategy: Literal["ddp", "fsdp"] = opt("fsdp", "ddp: every rank holds the whole model, gradients are summed; "
                                                    "fsdp: FSDP2 fully_shard per decoder layer (parameters, gradients "

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """An error message as one line (a library's multi-line message is joined)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 class UpslopeError(Exception):
     """A mistake in the user's input (file, option, data). The CLI prints it as one line."""
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
 # CPU flags that decide precision (x86: /proc/cpuinfo "flags"; arm64: "Features")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
@@ -304,8 +304,10 @@ def machine_defaults() -> Defaults:
 
 
 def free_cores(window_s: float = 0.05) -> int:
-    """Cores of this process's affinity mask that were idle over a short window (/proc/stat), at
-    least 1: a core another busy process holds is left out, so OpenMP threads never wait on it."""
+    """Cores of this process's affinity mask that were free over a short window (/proc/stat), at
+    least 1: a core another busy process holds is left out, so OpenMP threads never wait on it.
+    Time spent in niced processes counts as free where it yields to this process (see
+    `niced_work_yields`): a nice-19 job gets ~1.5% of a core against a nice-0 thread."""
     try:
         allowed = os.sched_getaffinity(0)
     except (AttributeError, OSError):
@@ -315,13 +317,36 @@ def free_cores(window_s: float = 0.05) -> int:
         return len(allowed)
     time.sleep(window_s)
     after = _cpu_times()
-    idle = 0.0
-    for cpu in allowed:
-        if cpu in before and cpu in after:
-            total = sum(after[cpu]) - sum(before[cpu])
-            idle_ticks = (after[cpu][3] + after[cpu][4]) - (before[cpu][3] + before[cpu][4])
-            idle += idle_ticks / total if total > 0 else 1.0
-    return max(1, min(len(allowed), int(idle + 0.35)))
+    deltas = {cpu: [a - b for a, b in zip(after[cpu], before[cpu])]
+              for cpu in allowed if cpu in before and cpu in after}
+    return free_from_ticks(deltas.values(), len(allowed), yields_to_us=niced_work_yields())
+
+
+def free_from_ticks(deltas: Iterable[Sequence[int]], allowed: int, yields_to_us: bool) -> int:
+    """Free cores from per-core /proc/stat tick deltas (user, nice, system, idle, iowait, ...):
+    idle + iowait, plus nice when niced work yields to this process; rounded with a 0.35 bias
+    (a core 65% busy still counts as taken), between 1 and `allowed`."""
+    free = 0.0
+    for ticks in deltas:
+        total = sum(ticks)
+        spare = ticks[3] + ticks[4] + (ticks[1] if yields_to_us else 0)
+        free += spare / total if total > 0 else 1.0
+    return max(1, min(allowed, int(free + 0.35)))
+
+
+def niced_work_yields() -> bool:
+    """Whether other processes' niced CPU time gives way to this process: it is not niced itself,
+    and the kernel does not group tasks by session (with sched_autogroup, nice only ranks tasks
+    within one session, so a niced job started from another terminal still takes its share)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            return False
+    except (AttributeError, OSError):
+        return False
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "0"
+    except OSError:
+        return True  # no autogroup support in this kernel: nice applies machine-wide
 
 
 def _cpu_times() -> dict[int, list[int]]:

@@ -256,16 +256,34 @@ def attention_for(device: str) -> str | None:
 
 
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False,
-               attn_implementation: str | None = None) -> Any:
-    from transformers import AutoModelForCausalLM
+               attn_implementation: str | None = None, empty: bool = False) -> Any:
+    """The causal LM at `path` in `dtype`. With `empty` only its architecture: parameters on the
+    meta device (no weight file is read), buffers computed as usual, tied weights tied; for a
+    learner rank that receives its weights from rank 0 (`upslope.dist.shard.shard_model`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
+        if empty:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            with empty_weights():
+                model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype],
+                                                         trust_remote_code=trust_remote_code, **extra)
+            model.tie_weights()  # (not done under the meta-device context)
+            return model
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
                                                      **extra)
     except Exception as exc:  # corrupt weights or config raise many types (OSError, SafetensorError, ...)
         raise ModelError(f"model at {path} could not be loaded: {_first_line(exc)}") from None
     return model
+
+
+def empty_weights() -> Any:
+    """A context in which new modules get their parameters on the meta device (no memory) while
+    their buffers (rotary frequencies) are computed for real (accelerate's init_empty_weights)."""
+    from accelerate import init_empty_weights
+
+    return init_empty_weights(include_buffers=False)
 
 
 def _set_context_length(tok: Any, path: str) -> None:

@@ -152,6 +152,8 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.agents")
 BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
                     "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)
+BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # issue 21, part 2
+BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
 
 
 def load_builtins() -> None:
@@ -186,3 +188,4 @@ ENVIRONMENTS: Registry = Registry("environment")
 TOOLS: Registry = Registry("tool")
 TOOL_FORMATS: Registry = Registry("tool_format")
 REPLAY: Registry = Registry("replay")
+CONSOLIDATORS: Registry = Registry("consolidate")

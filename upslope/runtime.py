@@ -8,6 +8,7 @@ from typing import Any
 from upslope.config import Config
 from upslope.errors import ConfigError
 from upslope.models import load_tokenizer, resolve_model, stop_token_ids
+from upslope.rewards.context import RewardContext
 from upslope.rollout.base import Engine
 
 
@@ -40,6 +41,11 @@ class Runtime:
     def engine_version(self) -> int:
         """Weights version of the engine (0 when it has not been started)."""
         return self._engine.version if self._engine is not None else 0
+
+    def reward_context(self, engine: bool = True) -> RewardContext:
+        """What the rewards may use of this run: the policy's tokenizer and stop tokens and, with
+        `engine`, its rollout engine (started when a reward first asks for it)."""
+        return RewardContext(self.tokenizer, (lambda: self.engine) if engine else None, list(self.stop_ids))
 
     def close(self) -> None:
         if self._engine is not None:

@@ -1,5 +1,6 @@
-"""SocraticPO's environment (issue 21, part 2): the rule teacher's guidance by hand, and a real two-turn
-rollout (tiny model, HF engine) where every wrong first answer gets that guidance and a decayed reward."""
+"""SocraticPO's environment (issue 21, part 2): the rule teacher's guidance and CATPO's critique by hand,
+and a real two-turn rollout (tiny model, HF engine) where every wrong first answer gets that guidance and a
+decayed reward."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from upslope.agents import AgentRun, multi_turn
-from upslope.agents.socratic import arith_guidance
+from upslope.agents.socratic import arith_critique, arith_guidance
 from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.data.types import Example
@@ -23,6 +24,20 @@ def test_arith_guidance_by_hand():
     ex = Example(prompt="13 * 4 =", answer=52, meta={"a": 13, "b": 4, "op": "*"})
     assert arith_guidance(ex, "9").endswith("3 * 4 = 12. 13 * 4 =")
     assert "step by step" in arith_guidance(Example(prompt="q"), "x")
+
+
+def test_arith_critique_by_hand(tokenizer):
+    """CATPO's critique (the rule teacher as judge), 47 + 35 = 82: " 87" goes wrong at its 3rd token ("7"),
+    " 82" is right, "The answer" is wrong from token 0."""
+    ex = Example(prompt="47 + 35 =", answer=82, meta={"a": 47, "b": 35, "op": "+"})
+    dec = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    fp, text = arith_critique(ex, enc(" 87") + [2], dec)
+    assert fp == 2 and text.startswith('"87" is not right. Start from the ones: the ones digits give 7 + 5 = 12')
+    assert arith_critique(ex, enc(" 82") + [2], dec) is None
+    assert arith_critique(ex, enc("The answer"), dec)[0] == 0
+    assert arith_critique(ex, enc(" 8") + [2], dec)[0] == 2  # stopped early: regrown from the stop token
+    assert arith_critique(Example(prompt="q", answer=1), enc(" 2"), dec) is None  # no operands: no judgement
 
 
 @pytest.mark.slow  # ~25 s alone, 60 s under load: a real two-turn rollout

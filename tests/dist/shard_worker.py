@@ -13,7 +13,7 @@ import torch
 from batch_helpers import grouped_rl_batch
 
 from upslope.batch import Batch
-from upslope.config import load_config
+from upslope.config import Config, load_config
 from upslope.dist import group
 from upslope.dist.shard import plain
 from upslope.train.learner.objectives import Objective, RLObjective, SupervisedObjective
@@ -32,11 +32,15 @@ SFT = "objective=sft"  # a variant's marker (not a config override): `upslope rf
 SFT_PASSES = {"updates": 2, "epochs": 2}  # rft's mini-batches and passes over the kept samples
 
 
+def config(path: str, strategy: str, *overrides: str) -> Config:
+    """The tests' learner config: fp32, lr 1e-3, 40-token micro-batches, this group's rank count."""
+    return load_config(None, [f"model.name={path}", "train.precision=float32", "optim.lr=1e-3", "optim.eps=1e-4",
+                              "train.micro_batch_tokens=40", f"dist.strategy={strategy}",
+                              f"dist.learner_procs={group.env_world_size()}", *overrides])
+
+
 def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, Objective]:
-    overrides = [x for x in extra if x != SFT]
-    cfg = load_config(None, [f"model.name={path}", "train.precision=float32", "optim.lr=1e-3", "optim.eps=1e-4",
-                             "train.micro_batch_tokens=40", f"dist.strategy={strategy}",
-                             f"dist.learner_procs={group.env_world_size()}", *overrides])
+    cfg = config(path, strategy, *(x for x in extra if x != SFT))
     torch.manual_seed(0)
     updater = Updater.from_config(cfg, path, "cpu")
     if SFT in extra:
@@ -53,6 +57,12 @@ def prepared(objective: Objective) -> Batch:
 def update(updater: Updater, batch: Batch, step: int, objective: Objective) -> dict[str, float]:
     passes = SFT_PASSES if isinstance(objective, SupervisedObjective) else {}
     return updater.update(batch, step, objective, **passes)
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two weight dicts of the same names."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 def full_weights(updater: Updater) -> dict[str, torch.Tensor]:

@@ -45,14 +45,44 @@ def test_two_rank_run_checkpoints_shards_and_resumes_in_one_process(tiny_model_p
     assert (run / "checkpoints" / "step_000002" / "COMPLETE").is_file()
 
 
-@pytest.mark.parametrize("command, overrides, words", [
-    ("dpo", [], "`upslope dpo` does not run on a sharded learner yet"),
-    ("train", ["algo.advantage.name=gae"], "needs PPO's critic"),
+PAIRS = [{"prompt": f"Say something about {w}.", "chosen": f"Thank you! {w} is lovely.", "rejected": f"{w} whatever"}
+         for w in ("apple", "river", "stone", "cloud", "green", "seven")]
+
+
+@pytest.mark.slow  # two spawned ranks per trainer: ~1-2 min each on 2 busy cores
+@pytest.mark.parametrize("command, extra, logged", [
+    ("dpo", ["dpo.source=dataset", "dpo.pairs_per_step=4"], "pref/accuracy"),
+    ("rm", ["rm.source=dataset", "rm.pairs_per_step=4", "rm.eval_pairs=2"], "rm/accuracy"),
+    ("distill", ["distill.teacher=self", "distill.teacher_temperature=2.0", "distill.top_k=4"], "distill/rkl_topk"),
 ])
-def test_trainers_not_sharded_yet_are_one_line(tmp_path, capsys, command, overrides, words):
-    rc = main([command, f"run_dir={tmp_path / 'run'}", "dist.learner_procs=2", "dist.strategy=ddp", *overrides])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and words in err and "\n" not in err
+def test_pair_and_distill_trainers_run_on_two_ranks(tiny_model_path, tmp_path, command, extra, logged):
+    """Through the command line: the trainer's step on 2 fsdp ranks (DPO's cached reference, the
+    reward model's scalar head, the sharded teacher) logs its metrics and writes a sharded checkpoint."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    path = [f"{command}.path={pairs}"] if command in ("dpo", "rm") else []
+    run = tmp_path / "run"
+    assert main([command, f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, *extra, *path,
+                 "train.steps=1", "dist.learner_procs=2", "dist.strategy=fsdp"]) == 0
+    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged in record and record["loss"] != 0
+    step1 = run / "checkpoints" / "step_000001"
+    assert (step1 / "sharded" / ".metadata").is_file() and any((step1 / "model").glob("*.safetensors"))
+
+
+@pytest.mark.slow  # two spawned ranks and a resumed run: ~1-2 min on 2 busy cores
+def test_ppo_critic_checkpoints_its_shards_and_resumes_in_one_process(tiny_model_path, tmp_path):
+    """PPO on 2 ranks: the critic's weights and AdamW state go into sharded/critic (trainer.pt says
+    so), and one process resumes them."""
+    run = tmp_path / "run"
+    args = ["train", f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, "algo.advantage.name=gae"]
+    assert main([*args, "train.steps=1", "dist.learner_procs=2"]) == 0
+    step1 = run / "checkpoints" / "step_000001"
+    assert (step1 / "sharded" / "critic" / ".metadata").is_file()
+    assert torch.load(step1 / "trainer.pt", weights_only=False)["critic"]["weights"] == "sharded"
+    assert main([*args, "train.steps=2", "train.resume=latest"]) == 0  # 2 -> 1
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all("critic/loss" in r for r in records)
 
 
 @pytest.mark.slow  # a one-process run, then two spawned ranks resuming it: ~1-2 min on 2 busy cores

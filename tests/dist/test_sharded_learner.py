@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shard_worker
+from shard_worker import max_diff
 from upslope.dist import group
 
 pytestmark = pytest.mark.slow  # two spawned ranks load torch and transformers, then 3 x 4 updates: ~60 s
@@ -25,11 +26,6 @@ VARIANTS = {"ddp": ["ddp"], "fsdp": ["fsdp"], "fsdp_bf16_moments": ["fsdp", "opt
 # bf16 moments: such a difference may round a moment to the neighbouring bf16 value, which moves that
 # update by up to lr * 2^-7 (1 bf16 ulp relative, doubled through the ratio m / sqrt(v)): 4 updates, 3e-5.
 TOLERANCE = {"ddp": 1e-6, "fsdp": 1e-6, "fsdp_bf16_moments": 3e-5, "fsdp_lora": 1e-6, "fsdp_rft": 1e-6}
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 @pytest.fixture(scope="module")

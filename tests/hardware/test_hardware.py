@@ -247,6 +247,43 @@ def test_busy_cores_are_left_out_of_the_thread_count():
     assert 1 <= hardware.free_cores() <= len(allowed)
 
 
+def test_free_cores_from_ticks_by_hand():
+    # (user, nice, system, idle, iowait, irq, softirq, steal) deltas over the window, per core
+    idle_core, busy_core, niced_core = [0, 0, 0, 10, 0, 0, 0, 0], [9, 0, 1, 0, 0, 0, 0, 0], [0, 10, 0, 0, 0, 0, 0, 0]
+    assert hardware.free_from_ticks([idle_core, idle_core], 2, yields_to_us=True) == 2
+    assert hardware.free_from_ticks([idle_core, busy_core], 2, yields_to_us=True) == 1
+    assert hardware.free_from_ticks([busy_core, busy_core], 2, yields_to_us=True) == 1  # never 0
+    assert hardware.free_from_ticks([idle_core, niced_core], 2, yields_to_us=True) == 2  # niced work yields
+    assert hardware.free_from_ticks([idle_core, niced_core], 2, yields_to_us=False) == 1  # ... not to a niced run
+    half = [5, 0, 0, 5, 0, 0, 0, 0]  # 50% busy: 0.5 + 0.5 + 0.35 rounds down to 1 of 2 free
+    assert hardware.free_from_ticks([half, half], 2, yields_to_us=True) == 1
+    assert hardware.free_from_ticks([[0] * 8, idle_core], 2, yields_to_us=True) == 2  # no ticks: free
+    assert hardware.free_from_ticks([idle_core] * 4, 2, yields_to_us=True) == 2  # capped at the allowed cores
+
+
+def test_niced_busy_processes_do_not_take_cores_from_a_normal_run():
+    if not hardware.niced_work_yields():
+        pytest.skip("niced work does not yield here (this process is niced, or sched_autogroup is on)")
+    allowed = sorted(os.sched_getaffinity(0))
+    hogs = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) for _ in allowed]
+    try:
+        time.sleep(0.5)
+        before = hardware._cpu_times()
+        time.sleep(0.3)
+        after = hardware._cpu_times()
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    deltas = [[a - b for a, b in zip(after[c], before[c])] for c in allowed]
+    normal_busy = sum(d[0] + d[2] for d in deltas) / max(1, sum(sum(d) for d in deltas))
+    if normal_busy > 0.1:
+        pytest.skip(f"other work at normal priority took {normal_busy:.0%} of the cores: needs a quiet machine")
+    assert sum(d[1] for d in deltas) > 0  # the kernel books the hogs as nice time ...
+    assert hardware.free_from_ticks(deltas, len(allowed), yields_to_us=True) == len(allowed)  # ... which yields
+    assert hardware.free_from_ticks(deltas, len(allowed), yields_to_us=False) == 1
+
+
 def test_deterministic_runs_keep_one_thread_count():
     from upslope.runtime import engine_threads
 

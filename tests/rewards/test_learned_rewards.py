@@ -13,8 +13,10 @@ import torch
 
 from upslope.cli import main
 from upslope.config import RewardSpec
+from upslope.errors import ConfigError
 from upslope.rewards import build_reward_fns, score
-from upslope.rewards.judge import _CACHE, judge_backend, parse_score
+from upslope.rewards.context import RewardContext
+from upslope.rewards.judge import judge_backend, parse_score
 from upslope.rewards.process import aggregate_steps, split_steps
 from upslope.rewards.reward_model import RunningStats, normalize_scores
 from upslope.train.learner.scalar import load_scalar_model
@@ -39,7 +41,7 @@ def test_reward_model_scores_are_hf_sequence_classification_scores(reward_model_
     from transformers import AutoModelForSequenceClassification
 
     [fn] = build_reward_fns([RewardSpec(name="reward_model", options={"path": reward_model_dir})],
-                            policy_tokenizer=tokenizer)
+                            context=RewardContext(policy_tokenizer=tokenizer))
     prompts = ["What is 2 + 2?", [{"role": "user", "content": "Name a colour."}]]
     replies = ["4", "Blue, I think."]
     got = fn.fn(replies, [None, None], [{"prompt": p} for p in prompts])
@@ -152,13 +154,13 @@ def test_local_judge_counts_failures_and_answers_identical_queries_once(tiny_mod
     assert fn.fn(["4", "6", "4"], [4, 6, 4], [metas[0], metas[1], metas[0]]) == [0.7, 0.7, 0.7]
     assert judge.generated - before == 2  # the third query is the first's
     assert fn.fn(["6"], [6], [metas[1]]) == [0.7] and judge.generated - before == 2
-    assert len(_CACHE) >= 4
+    assert len(judge.cache) >= 4  # both prefills' queries
 
 
 def test_judge_needs_exactly_one_backend():
-    [fn] = build_reward_fns([RewardSpec(name="llm_judge", options={})])
-    result = score([fn], ["x"], [None], [{"prompt": "p"}])
-    assert "exactly one of options.model" in result.errors["llm_judge"]
+    """Neither a model nor a URL: one config line when the rewards are built (the run has not started)."""
+    with pytest.raises(ConfigError, match=r"^reward\[0\] \(llm_judge\): llm_judge: give exactly one of options"):
+        build_reward_fns([RewardSpec(name="llm_judge", options={})])
 
 
 # ------------------------------------------------------------------ process

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -50,8 +51,8 @@ def test_verdict(lo, hi, direction, expected):
 
 def test_row_and_render():
     claim = rp.Claim("cero", "headroom", "eval/accuracy", "higher", "CERO")
-    row = rp.row_for("cero", claim, {"method": [0.5, 0.52, 0.54], "baseline": [0.3, 0.32, 0.34]}, steps=60,
-                     seeds=[0, 1, 2], command="python benchmarks/reproduce.py cero", cpu_s=1800.0)
+    row = rp.row_for("cero", claim, {"eval/accuracy": {"method": [0.5, 0.52, 0.54], "baseline": [0.3, 0.32, 0.34]}},
+                     steps=60, seeds=[0, 1, 2], command="python benchmarks/reproduce.py cero", cpu_s=1800.0)
     assert row["verdict"] == "reproduced" and row["arms"]["method"]["sd"] == pytest.approx(0.02)
     old = {**row, "verdict": "inconclusive", "cpu_s": 99.0}
     other = {**row, "method": "ads", "cpu_s": 1800.0, "diff": -0.2, "ci95": [-0.25, -0.15], "verdict": "not reproduced"}
@@ -88,6 +89,13 @@ def test_a_pass_at_k_claim_evaluates_by_sampling(capsys):
     assert rp.METHODS["boundary_curriculum"].metric == "eval/pass@8"
 
 
+def test_a_method_of_another_command_runs_it_against_upslope_train(capsys):
+    assert rp.main(["corp", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert [c.split(" -m upslope.cli ")[1].split()[0] for c in cmds] == ["randopt", "train", "randopt", "train"]
+    assert all("corp.yaml" in c for c in cmds[::2]) and all("headroom.yaml" in c for c in cmds[1::2])
+
+
 def test_a_finished_identical_run_is_reused(tmp_path):
     """run_arm on a real subprocess that writes a run's files: reused while command and commit
     are unchanged, rerun with fresh or a changed command; a failing run is one line."""
@@ -99,16 +107,97 @@ def test_a_finished_identical_run_is_reused(tmp_path):
                 f"(p / 'checkpoints').mkdir()")
         return [sys.executable, "-c", code]
 
-    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy") == (0.25, False)
+    acc = ["eval/accuracy"]
+    assert rp.run_arm(cmd(0.25), run_dir, acc) == ({"eval/accuracy": 0.25}, False)
     assert not (run_dir / "checkpoints").exists() and (run_dir / "reproduce_stamp.json").exists()
-    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy") == (0.25, True)
-    assert rp.run_arm(cmd(0.25), run_dir, "eval/accuracy", fresh=True) == (0.25, False)
-    assert rp.run_arm(cmd(0.5), run_dir, "eval/accuracy") == (0.5, False)  # another command
+    assert rp.run_arm(cmd(0.25), run_dir, acc) == ({"eval/accuracy": 0.25}, True)
+    assert rp.run_arm(cmd(0.25), run_dir, acc, fresh=True) == ({"eval/accuracy": 0.25}, False)
+    assert rp.run_arm(cmd(0.5), run_dir, acc) == ({"eval/accuracy": 0.5}, False)  # another command
+    # a teacher keeps its checkpoint, and is reused only while it still has one
+    assert rp.run_arm(cmd(0.5), run_dir, acc, keep_checkpoints=True)[1] is False
+    assert (run_dir / "checkpoints").is_dir() and rp.run_arm(cmd(0.5), run_dir, acc, keep_checkpoints=True)[1]
+    (run_dir / "checkpoints").rmdir()
+    assert rp.run_arm(cmd(0.5), run_dir, acc, keep_checkpoints=True)[1] is False
     with pytest.raises(SystemExit, match=f"the run in {run_dir} failed: .*ZeroDivisionError"):
-        rp.run_arm([sys.executable, "-c", "1 / 0"], run_dir, "eval/accuracy")
+        rp.run_arm([sys.executable, "-c", "1 / 0"], run_dir, acc)
     base = rp.arm_dir(tmp_path, "cero", "baseline", "headroom", 60, ["a=1"], 0)
     assert base == rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 60, ["a=1"], 0)  # shared by rows
     assert base != rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 30, ["a=1"], 0)
+
+
+def test_a_mean_metric_averages_every_record(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [{"step": 1, "mismatch": 0.1}, {"step": 2, "mismatch": 0.3},
+                                                    {"step": 2, "eval/accuracy": 0.5}, {"step": 3, "mismatch": 0.2}]))
+    assert rp.final_metric(f, "mismatch") == 0.2  # the last record holding it
+    assert rp.final_metric(f, "mean:mismatch") == pytest.approx(0.2)  # (0.1 + 0.3 + 0.2) / 3
+    assert rp.final_metric(f, "eval/accuracy") == 0.5
+    with pytest.raises(KeyError, match="no record holds 'eval/ece'"):
+        rp.final_metric(f, "mean:eval/ece")
+
+
+def test_further_metrics_get_their_own_interval_and_verdict():
+    """A calibration claim: ece lower (reproduced), accuracy beside it (equal: inconclusive)."""
+    claim = rp.METHODS["calibration"]
+    values = {"eval/ece": {"method": [0.10, 0.12, 0.14], "baseline": [0.30, 0.32, 0.34]},
+              "eval/brier": {"method": [0.2, 0.2, 0.2], "baseline": [0.2, 0.2, 0.2]},
+              "eval/accuracy": {"method": [0.30, 0.40, 0.50], "baseline": [0.31, 0.41, 0.49]}}
+    row = rp.row_for("calibration", claim, values, steps=60, seeds=[0, 1, 2], command="c", cpu_s=10.0)
+    assert row["metric"] == "eval/ece" and row["verdict"] == "reproduced" and row["diff"] == pytest.approx(-0.2)
+    half = 2.776445 * math.sqrt(2 * 0.0004 / 3)  # equal variances 0.0004, n = 3: df = 4
+    assert row["ci95"] == pytest.approx([-0.2 - half, -0.2 + half], abs=1e-6)
+    also = {a["metric"]: a for a in row["also"]}
+    assert also["eval/brier"]["verdict"] == "inconclusive" and also["eval/brier"]["ci95"] == [0.0, 0.0]
+    assert also["eval/accuracy"]["verdict"] == "inconclusive" and also["eval/accuracy"]["direction"] == "higher"
+    assert also["eval/accuracy"]["diff"] == pytest.approx(-0.0033333, abs=1e-6)
+    page = rp.render([row])
+    lines = [x for x in page.splitlines() if x.startswith("| calibration")]
+    assert len(lines) == 3 and "eval/ece (lower)" in lines[0] and "| reproduced |" in lines[0]
+    assert lines[2].startswith("| calibration (also) | | eval/accuracy (higher) | 0.400 ± 0.100 |")
+
+
+# every metric a claim may name: what `upslope eval` reports (eval/...) and the step metrics
+EVAL_KEYS = {"accuracy", "mean_reward", "mean_length", "truncated_frac", "pass@1", "pass@8", "maj@8", "ece", "brier",
+             "confidence_stated", "coverage", "selective_risk", "aurc"}
+CALIBRATION_KEYS = {"ece": "confidence_pattern", "brier": "confidence_pattern", "confidence_stated": "confidence_pattern",
+                    "coverage": "abstain_pattern", "selective_risk": "abstain_pattern", "aurc": "abstain_pattern"}
+
+
+@pytest.mark.parametrize("method", sorted(rp.METHODS))
+def test_every_claim_names_a_metric_its_runs_log(method):
+    """Each claimed metric is one the runs write: an eval key, or the step metric `mismatch`; a calibration
+    or selective metric needs both arms' recipes to set the evaluation pattern that turns it on."""
+    from upslope.config import load_config
+
+    claim = rp.METHODS[method]
+    for metric, direction in claim.metrics():
+        name = metric.removeprefix("mean:")
+        assert direction in ("higher", "lower")
+        assert name == "mismatch" or (name.startswith("eval/") and name[5:] in EVAL_KEYS), metric
+        if name[5:] in CALIBRATION_KEYS:
+            for recipe in (claim.recipe, claim.baseline):
+                cfg = load_config(ROOT / "recipes" / f"{recipe}.yaml", list(claim.overrides))
+                assert getattr(cfg.eval, CALIBRATION_KEYS[name[5:]]), (recipe, metric)
+
+
+def test_the_dry_run_of_every_claim(capsys):
+    """Every claim's commands: method and baseline interleaved with the claim's overrides; the
+    distillation claim trains its teacher first and hands both arms that run directory."""
+    for method, claim in rp.METHODS.items():
+        assert rp.main([method, "--dry-run", "--seeds", "2", "--steps", "3", "--work", "/tmp/w"]) == 0
+        cmds = capsys.readouterr().out.strip().splitlines()
+        if claim.teacher:
+            teacher, cmds = cmds[0], cmds[1:]
+            assert f" train {ROOT}/recipes/{claim.teacher}.yaml train.seed=0 " in teacher
+            assert all(f"distill.teacher=/tmp/w/teachers/{claim.teacher}-" in c for c in cmds)
+        assert len(cmds) == 4
+        assert all(f" {claim.command} " in c for c in cmds)
+        assert [f"/{claim.recipe}.yaml" in c for c in cmds] == [True, False, True, False]
+        assert all(f"/{claim.baseline}.yaml" in c for c in cmds[1::2])
+        assert all(all(o in c or shlex.quote(o) in c for o in claim.overrides) for c in cmds)
+    assert rp.METHODS["arkd"].command == "distill" and rp.METHODS["drpo"].baseline == "dppo"
+    assert "rollout.top_p=0.9" in rp.METHODS["dcmdp"].overrides and rp.METHODS["dcmdp"].also == (
+        ("mean:mismatch", "lower"),)
 
 
 def test_one_seed_is_refused(capsys):
@@ -117,16 +206,21 @@ def test_one_seed_is_refused(capsys):
     assert exc.value.code == 2 and "at least 2 seeds" in capsys.readouterr().err
 
 
+def tiny_args(method: str, model: str, tmp_path: Path, rows: Path) -> tuple[list[str], list[str]]:
+    """(the tiny-model overrides, reproduce.py's arguments): 2 steps x 2 seeds of METHOD on the tiny model."""
+    tiny = [f"model.name={model}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
+            "rollout.max_new_tokens=4", "eval.limit=4", "train.micro_batch_tokens=512", "train.threads=1",
+            "data.options.count=50"]
+    return tiny, [method, "--steps", "2", "--seeds", "2", "--work", str(tmp_path / "runs"), "--rows", str(rows),
+                  *[f"--set={x}" for x in tiny]]
+
+
 @pytest.mark.slow
 def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
     """2 steps x 2 seeds x 2 arms of real `upslope train` runs on the tiny model: a row with four
     measured values, its interval and verdict, and a page rendered from it."""
     rows, doc = tmp_path / "rows.json", tmp_path / "reproductions.md"
-    tiny = [f"model.name={tiny_model_path}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
-            "rollout.max_new_tokens=4", "eval.limit=4", "train.micro_batch_tokens=512", "train.threads=1",
-            "data.options.count=50"]
-    args = ["cero", "--steps", "2", "--seeds", "2", "--work", str(tmp_path / "runs"), "--rows", str(rows),
-            *[f"--set={x}" for x in tiny]]
+    tiny, args = tiny_args("cero", tiny_model_path, tmp_path, rows)
     assert rp.main(args) == 0
     (row,) = json.loads(rows.read_text())
     assert len(row["arms"]["method"]["values"]) == 2 and len(row["arms"]["baseline"]["values"]) == 2
@@ -143,6 +237,24 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
     assert again["reused_runs"] == 4 and again["arms"] == row["arms"] and again["cpu_s"] < 5
     assert rp.main(["--render", "--rows", str(rows), "--doc", str(doc)]) == 0
     assert "| cero |" in doc.read_text()
+
+
+@pytest.mark.slow
+def test_tiny_distillation_reproduction_end_to_end(tiny_model_path, tmp_path):
+    """The arkd claim on the tiny model, 2 steps x 2 seeds: a headroom teacher trained first (its
+    checkpoint kept), then `upslope distill` arms taught by it; a second call reuses all five runs."""
+    rows = tmp_path / "rows.json"
+    _, args = tiny_args("arkd", tiny_model_path, tmp_path, rows)
+    assert rp.main(args) == 0
+    (row,) = json.loads(rows.read_text())
+    teacher = Path(row["teacher"]["run_dir"])
+    assert (teacher / "checkpoints").is_dir() and 0 <= row["teacher"]["eval/accuracy"] <= 1
+    assert len(row["arms"]["method"]["values"]) == 2 and row["reused_runs"] == 0
+    method_run = rp.arm_dir(tmp_path / "runs", "arkd", "method", "arkd", 2, [], 0)
+    recs = [json.loads(x) for x in (method_run / "metrics.jsonl").read_text().splitlines()]
+    assert any("distill/arkd_fkl_weight" in r for r in recs)  # the distill command ran the arkd loss
+    assert rp.main(args) == 0
+    assert json.loads(rows.read_text())[-1]["reused_runs"] == 5
 
 
 def test_committed_page_is_the_generated_one():

@@ -6,6 +6,7 @@ import torch
 
 from upslope.config import DataConfig, Plugin
 from upslope.data.samplers import BoundaryAwareSampler, BoundarySampler, CeroSampler, make_sampler
+from upslope.data.types import Example
 from upslope.errors import ConfigError
 
 
@@ -103,3 +104,51 @@ def test_make_sampler_checks_options():
     assert make_sampler(data, 10, 0).saturation == 2.0
     with pytest.raises(ConfigError, match="data.sampler.options.budget: unknown option"):
         make_sampler(DataConfig(sampler=Plugin(name="cero", options={"budget": 3})), 10, 0)
+
+
+def clustered(power: float = 1.0) -> BoundarySampler:
+    """Prompts 0-2 in cluster x, 3-5 in y; boundary prompts 0 (x), 3 and 4 (y); 1 solved, 5 unsolved, 2 unseen."""
+    examples = [Example(prompt=str(i), meta={"c": "xy"[i // 3]}, id=str(i)) for i in range(6)]
+    s = BoundarySampler(6, seed=0, examples=examples, cluster_key="c", cluster_power=power)
+    feed(s, {0: [1, 0], 1: [1, 1], 3: [0, 1], 4: [1, 0], 5: [0, 0]})
+    return s
+
+
+def test_ads_cluster_weights_by_hand():
+    s = clustered()
+    assert s.clusters.tolist() == [0, 0, 0, 1, 1, 1]
+    # x: 1 boundary of 2 sampled -> (1 + 1) / (2 + 2); y: 2 of 3 -> 3 / 5
+    assert s.cluster_weights().tolist() == pytest.approx([0.5, 0.6])
+    assert clustered(2.0).cluster_weights().tolist() == pytest.approx([0.25, 0.36])
+    assert clustered(0.0).cluster_weights().tolist() == [1.0, 1.0]
+
+
+def test_ads_picks_a_cluster_by_weight_then_a_boundary_prompt_in_it():
+    pool = torch.tensor([0, 3, 4])
+    s = clustered()
+    firsts = [s.pick(pool, 1, torch.Generator().manual_seed(k))[0] for k in range(3000)]
+    share_y = sum(i in (3, 4) for i in firsts) / len(firsts)
+    assert share_y == pytest.approx(0.6 / 1.1, abs=0.03)  # P(y) = 0.6 / (0.5 + 0.6)
+    assert abs(sum(i == 3 for i in firsts) - sum(i == 4 for i in firsts)) < 0.1 * len(firsts)  # uniform inside y
+    sharp = clustered(60.0)  # (0.6 / 0.5) ** 60 ~ 5e4: y nearly always
+    assert all(sharp.pick(pool, 1, torch.Generator().manual_seed(k))[0] in (3, 4) for k in range(200))
+    every = s.pick(pool, 3, torch.Generator().manual_seed(1))
+    assert sorted(every) == [0, 3, 4]  # each pool prompt once: a picked one leaves its cluster
+    batch = s.next(4)  # through next(): draw 1 has share 0, so this is the uniform order
+    assert len(set(batch)) == 4
+
+
+def test_ads_clusters_need_the_field():
+    examples = [Example(prompt="q", meta={}, id="q7")]
+    with pytest.raises(ConfigError, match="cluster_key=c: example q7 has no field 'c'"):
+        BoundarySampler(1, examples=examples, cluster_key="c")
+    with pytest.raises(ConfigError, match="was not given the training examples"):
+        BoundarySampler(1, cluster_key="c")
+    data = DataConfig(sampler=Plugin(name="boundary", options={"cluster_key": "carries"}))
+    arith = [Example(prompt="p", meta={"carries": k % 3}) for k in range(9)]
+    assert make_sampler(data, 9, 0, arith).clusters.tolist() == [0, 1, 2] * 3  # examples passed through
+
+
+def test_cero_merges_a_prompts_draws_into_one_group_by_default():
+    assert CeroSampler(4).merge_repeats and not CeroSampler(4, merge_groups=False).merge_repeats
+    assert not getattr(BoundarySampler(4), "merge_repeats", False)

@@ -118,8 +118,36 @@ def test_recal_scales_each_dataset_to_unit_std():
     # group-normalised: a -> [-.707, .707, 0, 0] (pop std 0.5), b -> [-.707, .707] (pop std .707)
     h = 0.5 / math.sqrt(0.5)
     assert adv.tolist() == pytest.approx([-h / 0.5, h / 0.5, 0, 0, -1, 1], rel=1e-4)
-    one = per_sample(recal(batch_of([[0, 1], [1, 1], [0, 10]])))  # no dataset field: one dataset
+    one = per_sample(recal(batch_of([[0, 1], [1, 1], [0, 10]]), variance_power=0.0))  # no dataset field: one
     assert one.tolist() == pytest.approx([-1.2247, 1.2247, 0, 0, -1.2247, 1.2247], rel=1e-3)
+
+
+def test_recal_variance_weights_by_hand():
+    """Groups [0, 1] (population std 0.5) and [0, 10] (std 5) both normalise to +-0.7071; the mean query
+    std is 2.75, so power 1 weighs them 0.5 / 2.75 and 5 / 2.75, then the dataset is scaled to unit std."""
+    b = batch_of([[0, 1], [1, 1], [0, 10]])
+    h = 1 / math.sqrt(2)
+    a1, a2 = h * 0.5 / 2.75, h * 5 / 2.75
+    sd = math.sqrt((2 * a1 ** 2 + 2 * a2 ** 2) / 6)
+    got = per_sample(recal(b, variance_power=1.0))
+    assert got.tolist() == pytest.approx([-a1 / sd, a1 / sd, 0, 0, -a2 / sd, a2 / sd], rel=1e-5)
+    half = per_sample(recal(b))  # the default 0.5: weights sqrt(0.5 / 2.75) and sqrt(5 / 2.75)
+    ratio = float(half[5] / half[1])
+    assert ratio == pytest.approx(math.sqrt(10), rel=1e-5)
+
+
+@FAST
+@given(st.lists(st.lists(st.integers(0, 3), min_size=4, max_size=4), min_size=1, max_size=5))
+def test_recal_power_one_undoes_the_group_std_division(groups):
+    """With one component and equal group sizes, power 1 gives the centred rewards (r - group mean)
+    scaled to unit population std over the batch: the std division is undone exactly."""
+    b = batch_of([[float(x) for x in g] for g in groups])
+    got = per_sample(recal(b, variance_power=1.0, eps=0.0)).double()
+    r = torch.tensor(groups, dtype=torch.float64)
+    centred = (r - r.mean(dim=1, keepdim=True)).flatten()
+    sd = centred.pow(2).mean().sqrt()
+    want = centred / sd if sd > 0 else torch.zeros_like(centred)
+    assert torch.allclose(got, want.float().double(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- calibration

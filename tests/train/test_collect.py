@@ -171,3 +171,28 @@ def test_a_pausing_stage_is_left_out_of_the_one_it_runs_in():
     (l0, l1), = spans["learner"]
     assert len(spans["rollout"]) == 2 and all(b <= l0 or a >= l1 for a, b in spans["rollout"])
     assert not clock.open
+
+
+def test_merged_repeats_are_one_group_of_variable_size(hf_engine, task):
+    """CERO's variable rollouts per prompt: prompt 3 drawn twice in a round is one group of 2 x n
+    rollouts, and GRPO normalises its four rewards together (hand-computed mean and n - 1 std),
+    while prompt 5 keeps its group of n; the budget is still counted in draws of n."""
+    from upslope.algos.advantages import grpo
+
+    got = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True)
+    b = got.batch
+    assert b.size == 6 and b.group_ids.tolist() == [0, 0, 1, 1, 0, 0] and got.indices == [3, 5, 3]
+    assert got.kept_groups == 3 and got.dropped == 0
+    assert all(b.meta[i]["example_id"] == task.examples[3].id for i in (0, 1, 4, 5))
+    r = b.rewards.tolist()
+    adv = grpo(b)
+    for members in ([0, 1, 4, 5], [2, 3]):
+        peers = [r[i] for i in members]
+        m = sum(peers) / len(peers)
+        s = (sum((x - m) ** 2 for x in peers) / (len(peers) - 1)) ** 0.5
+        for i in members:
+            want_adv = 0.0 if max(peers) == min(peers) else (r[i] - m) / (s + 1e-6)
+            assert float(adv[i, int(b.prompt_lens[i])]) == pytest.approx(want_adv, abs=1e-5)
+    assert len(set(r[i] for i in (0, 1, 4, 5))) > 1  # the four differ: the case is not a trivial tie
+    apart = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3)
+    assert apart.batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2]  # without merging: three groups of n

@@ -1,12 +1,14 @@
 """SocraticPO (issue 21, part 2): after a wrong answer a teacher diagnoses it and gives short guidance,
-the student answers again, and a reward earned after help is decayed (agent.hint_decay**hints)."""
+the student answers again, and a reward earned after help is decayed (agent.hint_decay**hints). The same
+rule teacher is CATPO's critique of a failed tree leaf (`arith_critique`, used by the `tree` rollout)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from upslope.agents.env import AnswerEnv, Message, StepResult
 from upslope.data.types import Example
 from upslope.registry import ENVIRONMENTS
+from upslope.rewards.extract import first_result
 
 
 def arith_guidance(example: Example, model_turn: str) -> str:
@@ -28,6 +30,24 @@ def arith_guidance(example: Example, model_turn: str) -> str:
 
 
 GUIDES = {"arith": arith_guidance}
+
+
+def arith_critique(example: Example, tokens: Sequence[int],
+                   decode: Callable[[list[int]], str]) -> tuple[int, str] | None:
+    """CATPO's critique of one reply on the arith task, by rule: None when the reply is right (its first result
+    is the answer, as the task's reward reads it) or the example has no operands; else (the reply's shallowest
+    failure point: the first token after which its text can no longer read as the answer, and the guidance)."""
+    if not isinstance(example.meta.get("a"), int) or example.answer is None:
+        return None
+    text = decode(list(tokens))
+    if first_result(text) == int(example.answer):
+        return None
+    want = str(example.answer)
+    bad = (t for t in range(len(tokens)) if not want.startswith(decode(list(tokens[:t + 1])).lstrip()))
+    return max(next(bad, len(tokens) - 1), 0), arith_guidance(example, text)
+
+
+CRITIQUES = {"arith": arith_critique}
 
 
 @ENVIRONMENTS.register("socratic")

@@ -4,7 +4,8 @@ Traits are declared at registration and read by the loop (never by name): `group
 estimators compare a prompt's completions (rollout.n >= 2); a `critic=True` estimator
 needs `batch.values` and returns `(advantages [N, L], returns [N, L])`, computed once; a
 `whole_batch=True` estimator uses statistics of the whole batch (e.g. whitening over its
-tokens), so the learner waits for the whole batch instead of streaming groups as they arrive.
+tokens), so the learner waits for the whole batch instead of streaming groups as they arrive; a
+`token_rewards=True` estimator reads `batch.token_rewards` when set (rewards placed on tokens).
 Group statistics are float64 and a group whose rewards are all equal gets exactly 0
 (`common.group_moments`); conventions (std, eps, singleton groups, returns across masked
 spans) are options, defaults and reasons in docs/methods.md, "Conventions".
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from upslope.algos.common import (Singleton, broadcast_to_tokens, group_moments, group_normalize,
                                   last_token_rewards, masked_whiten, reward_to_go)
-from upslope.algos.combiners import group_normalized_sum
+from upslope.algos.combiners import group_normalized_sum, weighted_sum
 from upslope.batch import Batch
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
@@ -75,7 +76,7 @@ def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
     return _tokens(adv, batch)
 
 
-@ADVANTAGES.register("reinforce_pp", whole_batch=True)
+@ADVANTAGES.register("reinforce_pp", whole_batch=True, token_rewards=True)
 def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6,
                  unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
                  singleton: Singleton = "zero") -> Tensor:
@@ -138,7 +139,7 @@ def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tens
     return adv, returns
 
 
-@ADVANTAGES.register("gae", critic=True, whole_batch=True)
+@ADVANTAGES.register("gae", critic=True, whole_batch=True, token_rewards=True)
 def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6,
         unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
     """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.
@@ -251,24 +252,33 @@ def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: f
 
 @ADVANTAGES.register("recal", grouped=True, whole_batch=True)
 def recal(batch: Batch, *, weights: dict[str, float] | None = None, dataset_key: str = "dataset",
-          eps: float = 1e-6, unbiased: bool = True) -> Tensor:
-    """ReCal (Yu et al. 2026): component-wise group advantages, summed, then scaled to unit std within each dataset.
+          variance_power: float = 0.5, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+    """ReCal (Yu et al. 2026): component-wise group advantages, variance-aware query weights, then unit std per dataset.
 
     weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
     dataset_key: the example field naming its dataset (samples without it form one dataset)
+    variance_power: a query's weight is (its reward std / the batch's mean query std) ** this (0: off)
     eps: added to each std before dividing, group and dataset (>= 0)
     unbiased: per-component group std with n - 1 (true) or the population n (false)
 
-    Per-component normalisation is GDPO's; per-dataset normalisation divides by the summed
-    advantage's population std over that dataset's samples in the batch (no re-centring: the
-    group advantages are already centred; a tied group stays 0), so a dataset with large or
-    noisy rewards does not dominate the update. With no reward components the combined reward
-    is the one component. ReCal's variance-aware reweighting is not implemented (its form is
-    not in the abstract); per-dataset scaling is the part kept.
+    Per-component normalisation is GDPO's. The group std division then gives a near-trivial
+    group (one failure in eight) as large an update as an informative one (pass rate 1/2);
+    the variance-aware weight, on the population std of the group's weighted reward sum,
+    calibrates that back (power 1 undoes the division, 0.5 halves it in log scale). Last,
+    each dataset's summed advantages are divided by their population std over its samples
+    (no re-centring: the group advantages are already centred; a tied group stays 0), so a
+    dataset with large or noisy rewards does not dominate. The abstract gives neither
+    weight's form: the power law, its default and the order are our choices.
     """
     comps = batch.reward_components or {"reward": _rewards(batch, "recal")}
-    adv = group_normalized_sum({k: v.to(torch.float64) for k, v in comps.items()}, batch.group_ids,
-                               weights=weights, eps=eps, unbiased=unbiased).to(torch.float64)
+    comps = {k: v.to(torch.float64) for k, v in comps.items()}
+    adv = group_normalized_sum(comps, batch.group_ids, weights=weights, eps=eps, unbiased=unbiased).to(torch.float64)
+    if variance_power:
+        raw = weighted_sum(comps, batch.group_ids, weights=weights).to(torch.float64)
+        _, var, count, tied = group_moments(raw, batch.group_ids, unbiased=False)
+        std = var.sqrt()
+        mean_std = (std / count)[~tied].sum() / (1 / count)[~tied].sum() if bool((~tied).any()) else std.new_ones(())
+        adv = torch.where(tied, torch.zeros_like(adv), adv * (std / mean_std).clamp(min=1e-12) ** variance_power)
     labels = [str(m.get(dataset_key, "")) for m in batch.meta] if batch.meta else [""] * adv.numel()
     index = {name: i for i, name in enumerate(sorted(set(labels)))}
     dataset_ids = torch.tensor([index[x] for x in labels], dtype=torch.long, device=adv.device)

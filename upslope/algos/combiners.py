@@ -22,7 +22,7 @@ def _weights(components: dict[str, Tensor], weights: dict[str, float] | None) ->
     return {name: float(weights.get(name, 1.0)) for name in components}
 
 
-@REWARD_COMBINERS.register("weighted_sum")
+@REWARD_COMBINERS.register("weighted_sum", linear=True)
 def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *,
                  weights: dict[str, float] | None = None) -> Tensor:
     """sum_k w_k * r_k (unlisted components weigh 1): the plain multi-reward combination.

@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 
 from upslope.data.sources import read_records
+from upslope.data.paths import shared_data_dir
 from upslope.data.types import Example
 from upslope.errors import DataError
 from upslope.registry import TASKS
 
-# The shared copy beside the repository: <repo>/../shared/data/humaneval/HumanEval.jsonl.gz
-DEFAULT_PATH = str(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz")
+# The shipped copy: $UPSLOPE_DATA_DIR/humaneval, else <repo>/../shared/data/humaneval (as every built-in task)
+DEFAULT_PATH = str(shared_data_dir() / "humaneval" / "HumanEval.jsonl.gz")
 _FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
 
 INSTRUCTION = (

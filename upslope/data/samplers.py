@@ -4,18 +4,26 @@ resumed run draws exactly the prompts the uninterrupted run would have drawn.
 A sampler plugin is a class registered in `SAMPLERS`, built as
 `cls(num_prompts, seed, shuffle, *, options)` (`data.sampler` names it and gives the
 options; `shuffle` is `data.shuffle`), with `next(count) -> indices`, `update(indices,
-rewards, group_ids)` and `state_dict()` / `load_state_dict()`.
+rewards, group_ids)` and `state_dict()` / `load_state_dict()`. One registered with
+`examples=True` is also given the training Examples (`examples=`, e.g. to read a cluster
+field); one registered with `extend=fn` adds training prompts of its own: `fn(examples, data,
+**options)` returns them at set-up (after the task's), and it is given the examples too. One
+whose `merge_repeats` attribute is true has a prompt drawn k times in a step sampled as one
+group of k x rollout.n rollouts.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from upslope.data.types import Example
+from upslope.errors import ConfigError
 from upslope.registry import SAMPLERS
 
 if TYPE_CHECKING:
     from upslope.config import DataConfig
+    from upslope.data.types import Example
 
 
 @SAMPLERS.register("uniform")
@@ -85,13 +93,17 @@ class OutcomeSampler(UniformSampler):
     def pool(self) -> torch.Tensor:
         return torch.zeros(self.num_prompts, dtype=torch.bool)
 
+    def pick(self, candidates: torch.Tensor, take: int, gen: torch.Generator) -> list[int]:
+        """`take` distinct pool prompts: a seeded random pick."""
+        return candidates[torch.randperm(len(candidates), generator=gen)[:take]].tolist()
+
     def next(self, count: int) -> list[int]:
         """`pool_share()` of the batch from the pool (seeded random pick), the rest in uniform order."""
         self.draws += 1
         candidates = torch.nonzero(self.pool()).flatten()
         gen = torch.Generator().manual_seed(self.seed * 104729 + self.draws)
         take = min(int(round(self.pool_share() * count)), len(candidates))
-        chosen = candidates[torch.randperm(len(candidates), generator=gen)[:take]].tolist()
+        chosen = self.pick(candidates, take, gen)
         rest: list[int] = []
         for _ in range(3):  # the uniform order may repeat a pool prompt: skip it, draw again
             rest += [i for i in super().next(count - take - len(rest)) if i not in chosen]
@@ -109,27 +121,68 @@ class OutcomeSampler(UniformSampler):
         self.successes, self.trials, self.draws = state["successes"].clone(), state["trials"].clone(), state["draws"]
 
 
-@SAMPLERS.register("boundary")
+@SAMPLERS.register("boundary", examples=True)
 class BoundarySampler(OutcomeSampler):
     """ADS-style boundary curriculum (Adaptive Data Scheduling): prefer prompts whose observed
     pass rate is neither 0 nor 1, with a paced share of each batch (0 -> max_share over pace_steps).
-    ADS also paces semantic clusters; prompts carry no cluster here, so that level is left out.
+    With `cluster_key`, the prompts are clustered by that example field, and each boundary draw
+    first picks a cluster (weight: the share of its sampled prompts on the boundary, Laplace
+    smoothed, to the power cluster_power), then a boundary prompt in it. ADS clusters by semantic
+    embedding; a task field standing in for it and this weight are our choices.
 
     threshold: a sample succeeds when its reward is at least this
     max_share: largest fraction of a batch drawn from the boundary prompts
     pace_steps: steps over which the boundary share rises linearly from 0 to max_share
+    cluster_key: example field naming a prompt's cluster (e.g. carries for arith); empty: no cluster level
+    cluster_power: exponent on a cluster's boundary share in its weight (0: clusters equally likely)
     """
 
-    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 max_share: float = 0.5, pace_steps: int = 10):
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True,
+                 examples: Sequence[Example] | None = None, *, threshold: float = 0.5, max_share: float = 0.5,
+                 pace_steps: int = 10, cluster_key: str = "", cluster_power: float = 1.0):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
-        self.max_share, self.pace_steps = max_share, max(pace_steps, 1)
+        self.max_share, self.pace_steps, self.cluster_power = max_share, max(pace_steps, 1), cluster_power
+        self.clusters = cluster_labels(examples, cluster_key, num_prompts) if cluster_key else None
 
     def pool_share(self) -> float:
         return self.max_share * min(1.0, (self.draws - 1) / self.pace_steps)
 
     def pool(self) -> torch.Tensor:
         return (self.successes > 0) & (self.successes < self.trials)
+
+    def cluster_weights(self) -> torch.Tensor:
+        """Per cluster: ((boundary prompts + 1) / (sampled prompts + 2)) ** cluster_power."""
+        assert self.clusters is not None
+        k = int(self.clusters.max()) + 1
+        boundary = torch.zeros(k).index_add_(0, self.clusters, self.pool().float())
+        sampled = torch.zeros(k).index_add_(0, self.clusters, (self.trials > 0).float())
+        return ((boundary + 1) / (sampled + 2)) ** self.cluster_power
+
+    def pick(self, candidates: torch.Tensor, take: int, gen: torch.Generator) -> list[int]:
+        """Without clusters a random pick; with them, cluster by weight, then a random boundary prompt in it."""
+        if self.clusters is None:
+            return super().pick(candidates, take, gen)
+        left = candidates[torch.randperm(len(candidates), generator=gen)].tolist()
+        weights, out = self.cluster_weights(), []
+        for _ in range(take):
+            live = torch.zeros_like(weights)
+            live[self.clusters[left]] = 1.0
+            c = int(torch.multinomial(weights * live, 1, generator=gen))
+            out.append(next(i for i in left if int(self.clusters[i]) == c))
+            left.remove(out[-1])
+        return out
+
+
+def cluster_labels(examples: Sequence[Example] | None, key: str, num_prompts: int) -> torch.Tensor:
+    """Cluster index [num_prompts] of each prompt from its example's field `key` (values in sorted order)."""
+    if examples is None or len(examples) != num_prompts:
+        raise ConfigError("data.sampler.options.cluster_key: this sampler was not given the training examples")
+    missing = next((ex.id or str(i) for i, ex in enumerate(examples) if key not in ex.meta), None)
+    if missing is not None:
+        raise ConfigError(f"data.sampler.options.cluster_key={key}: example {missing} has no field '{key}'")
+    names = sorted({str(ex.meta[key]) for ex in examples})
+    index = {n: i for i, n in enumerate(names)}
+    return torch.tensor([index[str(ex.meta[key])] for ex in examples], dtype=torch.long)
 
 
 @SAMPLERS.register("boundary_aware")
@@ -165,19 +218,24 @@ class CeroSampler(OutcomeSampler):
     with the highest value of more rollouts: E[p(1-p)] under the posterior, made concave by dividing
     by 1 + groups_so_far / saturation (diminishing returns), ties broken by a seeded shuffle. The
     collect stage samples a fixed rollout.n per prompt, so a prompt gets more rollouts as more
-    groups (up to max_groups a step, each normalised on its own); the paper's Fenchel-dual budget
-    variables are replaced by this greedy saturating allocation.
+    draws (up to max_groups a step); with merge_groups (default) a prompt's draws are one group of
+    draws x rollout.n rollouts (the paper's variable rollouts per prompt; the step's budget stays
+    prompts_per_step x rollout.n), else separate groups each normalised on its own. The paper's
+    Fenchel-dual budget variables are replaced by this greedy saturating allocation.
 
     threshold: a sample succeeds when its reward is at least this
     prior_alpha: Beta prior successes
     prior_beta: Beta prior failures
     saturation: groups given to one prompt at which its value has halved
-    max_groups: most groups one prompt gets in a step (1: each step's prompts are distinct)
+    max_groups: most draws of rollout.n one prompt gets in a step (1: each step's prompts are distinct)
+    merge_groups: a prompt's draws in a step form one group of draws x rollout.n rollouts (false: one group each)
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0, max_groups: int = 1):
+                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0, max_groups: int = 1,
+                 merge_groups: bool = True):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.merge_repeats = merge_groups
         self.prior = (prior_alpha, prior_beta)
         self.saturation, self.max_groups = saturation, max(max_groups, 1)
         self.prompt_draws = torch.zeros(num_prompts)
@@ -209,7 +267,17 @@ class CeroSampler(OutcomeSampler):
         self.prompt_draws = state["prompt_draws"].clone()
 
 
-def make_sampler(data: DataConfig, num_prompts: int, seed: int) -> Any:
-    """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked)."""
+def make_sampler(data: DataConfig, num_prompts: int, seed: int, examples: Sequence[Example] = ()) -> Any:
+    """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked); one
+    registered with `examples=True` or an `extend` hook also gets the training `examples`."""
     build = SAMPLERS.bind(data.sampler.name, data.sampler.options, where="data.sampler.options")
+    attrs = SAMPLERS.get(data.sampler.name).attrs
+    if attrs.get("examples") or attrs.get("extend"):
+        return build(num_prompts, seed, data.shuffle, examples=examples)
     return build(num_prompts, seed, data.shuffle)
+
+
+def sampler_examples(data: DataConfig, examples: Sequence[Example]) -> list[Example]:
+    """Training prompts the sampler adds to the task's (its `extend` hook: TD-Grokking's subproblems); none for most."""
+    extend = SAMPLERS.get(data.sampler.name, "data.sampler.name").attrs.get("extend")
+    return extend(examples, data, **data.sampler.options) if extend else []

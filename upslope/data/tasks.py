@@ -5,10 +5,10 @@ A task function takes `split` ("train" or "test") and keyword options; the regis
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
+from upslope.data.paths import shared_data_dir
 from upslope.data.sources import read_records, records_to_examples
 from upslope.data.types import Example
 from upslope.errors import DataError
@@ -16,15 +16,6 @@ from upslope.registry import TASKS
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _TEST_SEED_OFFSET = 1_000_003
-
-
-def shared_data_dir() -> Path:
-    """Where the project's shipped datasets live: $UPSLOPE_DATA_DIR, else ../shared/data
-    beside the repository checkout."""
-    env = os.environ.get("UPSLOPE_DATA_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def _data_file(path: str | None, *parts: str) -> Path:
@@ -36,7 +27,7 @@ def _data_file(path: str | None, *parts: str) -> Path:
 
 @TASKS.register("arith", reward="integer", reward_options={"extract": "first_result", "strict": True}, max_new_tokens=8)
 def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
-          allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?") -> list[Example]:
+          allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?", prefill: str = "") -> list[Example]:
     """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
     the answer is the integer result. The test split uses a different seed.
 
@@ -47,6 +38,10 @@ def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int =
     seed: random seed (the test split adds a fixed offset)
     allow_zero: with 1-digit operands, allow the operand 0
     prompt: format string of the question, with {a}, {op} and {b}
+    prefill: format string the assistant's reply starts with, continued by the model (empty: none)
+
+    Each example's meta holds a, b, op and `carries`, a difficulty field to cluster by: the
+    column carries of a + b, the borrows of max - min for -, the digit products >= 10 for *.
     """
     for op in ops:
         if op not in _OPS:
@@ -61,8 +56,25 @@ def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int =
     for i in range(count):
         a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
         out.append(Example(prompt=prompt.format(a=a, b=b, op=op), answer=_OPS[op](a, b),
-                           meta={"a": a, "b": b, "op": op}, id=f"arith-{split}-{i}"))
+                           meta={"a": a, "b": b, "op": op, "carries": carries(a, b, op)}, id=f"arith-{split}-{i}",
+                           prefill=prefill.format(a=a, b=b, op=op)))
     return out
+
+
+def carries(a: int, b: int, op: str) -> int:
+    """Digit-level carries of `a op b` (a, b >= 0): column carries of a + b, borrows of max - min,
+    digit products of 10 or more for *."""
+    da, db = [int(c) for c in str(a)[::-1]], [int(c) for c in str(b)[::-1]]
+    if op == "*":
+        return sum(x * y >= 10 for x in da for y in db)
+    if op == "-" and b > a:
+        da, db = db, da
+    count = carry = 0
+    for i in range(max(len(da), len(db))):
+        x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
+        carry = int(x + y + carry >= 10) if op == "+" else int(x - y - carry < 0)
+        count += carry
+    return count
 
 
 def _gsm8k_answer(text: str) -> str:

@@ -94,6 +94,15 @@ def gather_sums(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def gather_lists(items: list[Any]) -> list[Any]:
+    """Every rank's `items` concatenated in rank order (pickled; for small per-pair records)."""
+    if world() == 1:
+        return list(items)
+    parts: list[Any] = [None] * world()
+    dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
 def barrier() -> None:
     """Wait for every rank (a no-op in one process)."""
     if world() > 1:

@@ -23,24 +23,6 @@ def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
         sys.exit(2)
 
 
-# the trainers whose every learner call runs on all ranks (tested); rft is SFT on the kept samples of
-# rank 0's broadcast batch. Not yet: dpo and rm (their pair metrics come from each rank's own pairs,
-# not gathered), distill (a whole teacher on every rank), PPO's critic (its state is not sharded)
-SHARDED_TRAINERS = ("train", "sft", "rft")
-
-
-def check_trainer(command: str, cfg: Config) -> None:
-    """One ConfigError line for a trainer (or a part of one) the sharded learner does not run yet."""
-    from upslope.registry import ADVANTAGES
-
-    if command not in SHARDED_TRAINERS:
-        raise ConfigError(f"dist.learner_procs>1: `upslope {command}` does not run on a sharded learner yet "
-                          f"(supported: {', '.join(SHARDED_TRAINERS)}); set dist.learner_procs=1")
-    if command == "train" and ADVANTAGES.get(cfg.algo.advantage.name).attrs.get("critic"):
-        raise ConfigError(f"dist.learner_procs>1: algo.advantage={cfg.algo.advantage.name} needs PPO's critic, "
-                          f"whose checkpoint state is not sharded yet; set dist.learner_procs=1")
-
-
 def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) -> int:
     """Run `command` on `cfg` with its learner across `dist.learner_procs` processes; the exit status."""
     from upslope.models import resolve_model
@@ -49,8 +31,6 @@ def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) 
 
     procs, env = cfg.dist.learner_procs, group.env_world_size()
     check_combination(cfg.dist, cfg.optim, cfg.model, default_device())
-    if max(procs, env) > 1:
-        check_trainer(command, cfg)
     if env > 1 or procs == 1:  # torchrun started this rank, or one process
         if env > 1 and procs not in (1, env):
             raise ConfigError(f"dist.learner_procs={procs}, but torchrun started {env} processes (WORLD_SIZE); "

@@ -7,6 +7,8 @@ all-reduce after every backward or need the same number of backwards on every ra
 optimiser step also matches the loss normalisers, which already divide by the GLOBAL counts).
 fsdp: FSDP2 `fully_shard` on each decoder layer, then on the root (the embeddings, the tied
 head and the final norm), so parameters, gradients and optimiser state are DTensor shards.
+Only rank 0 reads the weights from disk; the other ranks build the model on the meta device
+and receive their shards from it, so no rank but 0 ever holds the whole model.
 A LoRA-wrapped policy is sharded the same way: each decoder layer's unit holds its frozen base
 weights and its adapter matrices, and only the adapter's gradients are reduced."""
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from upslope.config import DistConfig, ModelConfig, OptimConfig, TrainConfig
+from upslope.dist import group
 from upslope.dist.group import world
 from upslope.errors import ConfigError
 
@@ -42,9 +45,10 @@ def check_combination(d: DistConfig, optim: OptimConfig, model: ModelConfig, dev
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
     """The repeated transformer blocks (HF causal LMs: model.model.layers; under a LoRA adapter
-    those of the wrapped base model, adapter layers included), each one FSDP unit."""
+    those of the wrapped base model, adapter layers included; a scalar-head model's body.layers),
+    each one FSDP unit."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner = getattr(base, "model", None)
+    inner = base.body if hasattr(base, "body") else getattr(base, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ConfigError(f"dist.strategy=fsdp: {type(model).__name__} has no model.layers to shard per decoder "
@@ -52,17 +56,33 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: Any, d: DistConfig, train: TrainConfig) -> Any:
-    """The model as this rank holds it: rank 0's weights on every rank first (the loaded ones are
-    equal already, but a freshly initialised head or LoRA adapter is drawn on each rank), then
-    unchanged for ddp, FSDP2-sharded for fsdp (bf16 compute: a MixedPrecisionPolicy that
-    all-gathers bf16 and reduces gradients in fp32)."""
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
-    if d.strategy == "ddp":
-        return model
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+def state_module(model: Any) -> Any:
+    """The module whose state dict names the model's parameters (a scalar-head model's HF net)."""
+    return getattr(model, "state_module", model)
 
+
+def shard_model(model: Any, d: DistConfig, train: TrainConfig, device: torch.device) -> Any:
+    """The model as this rank holds it, its weights read from disk by rank 0 alone: rank 0 passes
+    the loaded model, every other rank the same architecture with its parameters on the meta
+    device (`load_model(empty=True)`), materialised here. ddp: each rank holds the whole, every
+    parameter and buffer broadcast from rank 0 in place. fsdp: FSDP2 `fully_shard` per decoder
+    layer, then the root (bf16 compute: a MixedPrecisionPolicy that all-gathers bf16 and reduces
+    gradients in fp32), each rank's shards filled from rank 0's full state dict one tensor at a
+    time (torch's `set_model_state_dict(broadcast_from_rank0=True)`), the buffers broadcast.
+    Either way rank 0's values replace what the others drew (a fresh head or LoRA adapter)."""
+    main = group.is_main()
+    if d.strategy == "ddp":
+        if not main:
+            model.to_empty(device=device)
+            if hasattr(model, "tie_weights"):  # to_empty made separate tensors of the tied ones
+                model.tie_weights()
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    full = state_module(model).state_dict() if main else {}  # keeps rank 0's full tensors while it shards
     kw: dict[str, Any] = {}
     if train.precision == "bfloat16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -70,7 +90,17 @@ def shard_model(model: Any, d: DistConfig, train: TrainConfig) -> Any:
         kw["offload_policy"] = CPUOffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **kw)
-    fully_shard(model, **kw)
+    # a frozen model (a reference, a teacher) has no backward to reshard its root after: every forward does
+    frozen = not any(p.requires_grad for p in model.parameters())
+    fully_shard(model, **kw, **({"reshard_after_forward": True} if frozen else {}))
+    for name in getattr(model, "forward_methods", ()):
+        register_fsdp_forward_method(model, name)
+    if not main:  # this rank's (uninitialised) shards
+        model.to_empty(device=torch.device("cpu") if d.cpu_offload else device)
+    for b in model.buffers():
+        dist.broadcast(b, src=0)
+    set_model_state_dict(state_module(model), full,
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model
 
 

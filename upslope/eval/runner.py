@@ -1,4 +1,5 @@
-"""`upslope eval`: sample, score, and report accuracy, pass@k, maj@k and lengths."""
+"""`upslope eval`: sample, score, and report accuracy, pass@k, maj@k, lengths and (when asked) calibration
+and selective-prediction statistics."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.errors import ConfigError
+from upslope.algos.confidence import sequence_confidence
+from upslope.eval.calibration import calibration_summary, selective_summary
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
@@ -63,7 +66,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                                       drop_long=cfg.rollout.drop_long_prompts)
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
-    reward_fns = build_reward_fns(specs, data_cfg, runtime.tokenizer)
+    reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())
     if not specs:
         from upslope.data import task_default_reward
 
@@ -105,6 +108,12 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                 name = key.removeprefix("reward_failures/")
                 failures[name] = failures.get(name, 0) + int(count)
     summary = _summarise(examples, metas, rewards, correct, specs[0], ev.n, ev.k)
+    completions = [m["completion"] for m in metas]
+    if ev.confidence_pattern:
+        summary.update(calibration_summary(completions, correct, ev.confidence_pattern))
+    if ev.abstain_pattern:
+        scores = sequence_confidence(batch).tolist()
+        summary.update(selective_summary(completions, correct, scores, ev.abstain_pattern))
     summary.update(meta_metrics(metas))
     statuses = status_counts(metas)
     if statuses:

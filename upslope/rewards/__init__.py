@@ -2,7 +2,9 @@
 
 Signature of a reward: `fn(completion: str, answer, meta: dict, *, options) -> float` or a
 dict of named float components. A reward registered with `batched=True` takes lists and
-returns a list (e.g. the code reward, which runs a whole batch in a sandbox pool).
+returns a list (e.g. the code reward, which runs a whole batch in a sandbox pool). A value may
+be a PlacedReward (upslope.rewards.placement): parts of the reward at offsets in the completion,
+which become token rewards.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
+from upslope.rewards.context import RewardContext
+from upslope.rewards.placement import PlacedReward
 from upslope.rewards.user import load_user_function
 
 for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
@@ -36,23 +40,26 @@ class RewardFn:
     weight: float
     fn: Callable[..., Any]
     batched: bool = False
+    places_tokens: bool = False  # it may return PlacedRewards (the registry trait `places_tokens` of its options)
 
 
 @dataclass
 class RewardResult:
-    """Scores of one batch: per-component lists, failure counts and first error per component."""
+    """Scores of one batch: per-component lists, failure counts and first error per component, and
+    the parts of each placed reward (component -> sample -> (character offset, value) parts)."""
 
     components: dict[str, list[float]]
     weights: dict[str, float]
     failures: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    placed: dict[str, dict[int, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
 
 
 def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None,
-                     policy_tokenizer: Any = None) -> list[RewardFn]:
+                     context: RewardContext | None = None) -> list[RewardFn]:
     """Bind the configured rewards (or the task's default reward when none is configured). A
-    reward registered with `policy_tokenizer=True` (e.g. reward_model) is given the policy's
-    tokenizer and called once on no samples, so that it loads, and checks it, now."""
+    reward registered with `context=True` (reward_model, llm_judge, process) is given the run's
+    RewardContext and called once on no samples, so that it loads, and checks what it needs, now."""
     from upslope.config import RewardSpec
     from upslope.data import task_default_reward
 
@@ -78,18 +85,27 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
             entry = REWARDS.get(spec.name, f"reward[{i}].name")
             fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
                 bool(entry.attrs.get("batched"))
-            if entry.attrs.get("policy_tokenizer"):
+            if entry.attrs.get("context"):
                 import functools
 
                 from upslope.errors import ConfigError
 
-                fn = functools.partial(fn, policy_tokenizer=policy_tokenizer)
+                fn = functools.partial(fn, context=context or RewardContext())
                 try:
                     fn([], [], [])
                 except ConfigError as exc:
                     raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
-        fns.append(RewardFn(label, spec.weight, fn, batched))
+        fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec)))
     return fns
+
+
+def places_tokens(spec: RewardSpec) -> bool:
+    """Whether a configured reward puts rewards on tokens (its registry trait `places_tokens`, a
+    function of its options); user functions `module:function` do not."""
+    if ":" in spec.name:
+        return False
+    trait = REWARDS.get(spec.name).attrs.get("places_tokens")
+    return bool(trait(spec.options)) if trait is not None else False
 
 
 def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: Sequence[Any],
@@ -101,6 +117,7 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
     weights: dict[str, float] = {}
     failures: dict[str, int] = {}
     errors: dict[str, str] = {}
+    placed: dict[str, dict[int, tuple[tuple[int, float], ...]]] = {}
 
     def record(name: str, weight: float, i: int, value: Any) -> None:
         comps.setdefault(name, [fallback] * n)
@@ -113,6 +130,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             failures[name] = failures.get(name, 0) + 1
             errors.setdefault(name, f"returned {value!r}")
             v = fallback
+        elif isinstance(value, PlacedReward):
+            placed.setdefault(name, {})[i] = value.parts
         comps[name][i] = v
 
     for rf in reward_fns:
@@ -142,7 +161,7 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
                     record(f"{rf.name}/{key}", rf.weight, i, sub)
             else:
                 record(rf.name, rf.weight, i, v)
-    return RewardResult(comps, weights, failures, errors)
+    return RewardResult(comps, weights, failures, errors, placed)
 
 
 def combined(result: RewardResult, group_ids: Sequence[int] | None = None,

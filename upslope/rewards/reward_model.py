@@ -15,6 +15,7 @@ from typing import Any, Literal, Sequence
 
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import REWARDS
+from upslope.rewards.context import RewardContext
 
 _SCORERS: dict[tuple[str, str, str], "RewardModelScorer"] = {}
 
@@ -123,9 +124,10 @@ def load_scorer(path: str, device: str = "auto", dtype: str = "float32") -> Rewa
     return _SCORERS[key]
 
 
-@REWARDS.register("reward_model", batched=True, policy_tokenizer=True)
-def reward_model_reward(completions: list[str], answers: list[Any], metas: list[dict], policy_tokenizer: Any = None,
-                        *, path: str, normalize: Literal["none", "batch", "running"] = "none",
+@REWARDS.register("reward_model", batched=True, context=True)
+def reward_model_reward(completions: list[str], answers: list[Any], metas: list[dict],
+                        context: RewardContext | None = None, *, path: str,
+                        normalize: Literal["none", "batch", "running"] = "none",
                         micro_batch_tokens: int = 4096, device: str = "auto",
                         dtype: Literal["float32", "bfloat16"] = "float32", system_prompt: str | None = None,
                         use_chat_template: bool = True) -> list[float]:
@@ -140,8 +142,8 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
     use_chat_template: wrap prompts with the chat template, as the reward model's training did
     """
     scorer = load_scorer(path, device, dtype)
-    if policy_tokenizer is not None:
-        scorer.check_tokenizer(policy_tokenizer)
+    if context is not None and context.policy_tokenizer is not None:
+        scorer.check_tokenizer(context.policy_tokenizer)
     if not completions:
         return []
     prompts = []

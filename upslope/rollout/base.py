@@ -41,6 +41,7 @@ class Engine(ABC):
     name: str = "engine"
     version: int = 0
     device: str = "cpu"  # where it generates (reported in the step metrics)
+    max_model_len: int | None = None  # the longest prompt + completion it takes (None: no fixed bound)
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

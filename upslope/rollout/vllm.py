@@ -65,6 +65,7 @@ class VLLMEngine(Engine):
         from vllm import LLM
 
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
         kwargs: dict[str, Any] = dict(
             model=model_path, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",

@@ -14,6 +14,7 @@ TRAINERS = {
     "distill": "upslope.train.trainers.distill:DistillTrainer",
     "dpo": "upslope.train.trainers.dpo:DPOTrainer",
     "rm": "upslope.train.trainers.rm:RMTrainer",
+    "randopt": "upslope.train.trainers.randopt:RandOptTrainer",
 }
 
 
@@ -62,3 +63,8 @@ def distill(config: Config | str | None = None, overrides: list[str] | None = No
 def rm(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """`upslope rm` from Python: reward-model training (Bradley-Terry)."""
     return run_trainer("rm", config, overrides)
+
+
+def randopt(config: Config | str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """`upslope randopt` from Python: gradient-free weight-space search (RandOpt / ES / CoRP)."""
+    return run_trainer("randopt", config, overrides)

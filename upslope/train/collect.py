@@ -3,7 +3,7 @@ in resampling rounds until enough groups are kept. Online RL keeps what its filt
 on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep everything."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -26,6 +26,7 @@ class Task:
     reward_fns: list[RewardFn] = field(default_factory=list)  # empty: no reward stage (e.g. distillation)
     combiner: Callable[..., torch.Tensor] | None = None
     fallback: float = 0.0
+    tokenizer: Any = None  # the policy's: places rewards inside completions as token rewards (None: not placed)
 
 
 @dataclass
@@ -36,8 +37,8 @@ class Collected:
     seen: Batch
     metrics: dict[str, Any]
     indices: list[int]  # the prompt index of each group id, over every round
-    kept_groups: int  # groups kept over every round (may exceed `want`; the batch is cut to `want`)
-    dropped: int  # groups the keep step removed
+    kept_groups: int  # groups kept over every round (may exceed `want`; the batch is cut to `want`); draws if merged
+    dropped: int  # groups the keep step removed (draws, with merge_repeats)
 
     @property
     def drawn(self) -> int:
@@ -63,22 +64,34 @@ def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
 PiecesFn = Callable[..., Iterable[Batch]]  # a RolloutFn's arguments -> the round's groups, a piece at a time
 
 
+def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Batch:
+    """The round's batch with every repeat of a prompt index in `idx` given the group id of its first
+    draw (offset + first position), so grouped advantages compare all of that prompt's rollouts."""
+    first: dict[int, int] = {}
+    remap = torch.tensor([first.setdefault(i, offset + g) for g, i in enumerate(idx)], dtype=torch.long)
+    return replace(batch, group_ids=remap[batch.group_ids - offset])
+
+
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
             keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
-            clock: StageClock | None = None, strict_rewards: bool = True, pieces: PiecesFn | None = None,
-            on_kept: Callable[[Batch], None] | None = None) -> Collected:
+            clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False,
+            pieces: PiecesFn | None = None, on_kept: Callable[[Batch], None] | None = None) -> Collected:
     """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
     missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
     reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
-    1 + `max_rounds` rounds. Group ids are unique across rounds.
+    1 + `max_rounds` rounds. Group ids are unique across rounds. With `merge_repeats`, a prompt
+    drawn k times in one round is one group of k x n rollouts (a variable n per prompt: CERO).
 
     With `pieces` (the Ray workers' jobs, as they finish) a round arrives in pieces of whole groups:
     each is rewarded and kept on arrival and what it keeps goes to `on_kept` at once (the streamed
     update; with `refill`, every kept group is in the batch), so the reward and the keep step must
-    be per group; a round's pieces are joined in group order, as one rollout would return them."""
+    be per group; a round's pieces are joined in group order, as one rollout would return them.
+    A prompt's repeats may arrive in different pieces, so `merge_repeats` takes each round whole."""
     if on_kept is not None and not refill:
         raise ValueError("collect: on_kept needs refill (without it the batch is cut to `want` groups at the end)")
+    if on_kept is not None and merge_repeats:
+        raise ValueError("collect: on_kept cannot stream merged repeats (a prompt's group spans pieces)")
     clock = clock or StageClock()
     seen: list[Batch] = []
     kept: list[Batch] = []
@@ -86,19 +99,25 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
     groups = dropped = 0
     indices: list[int] = []
     generate = pieces or whole_round(rollout)
+    if merge_repeats and pieces is not None:
+        generate = joined(pieces, pad_id)
     for round_ in range(max_rounds + 1):
         idx = list(draw(want - groups if round_ and refill else per_round))
+        offset = len(indices)
         parts = iter(generate(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
-                              sampling(round_), pad_id, group_offset=len(indices)))
+                              sampling(round_), pad_id, group_offset=offset))
         scored, kept_now, round_metrics, errors = [], [], {}, {}
+        round_kept = 0
         while True:
             with clock("rollout"):
                 b = next(parts, None)
             if b is None:
                 break
+            if merge_repeats:
+                b = merge_repeated_prompts(b, idx, offset)
             if task.reward_fns:
                 with clock("reward"):
-                    b, m, e = stages.score_batch(b, task.reward_fns, task.combiner, task.fallback)
+                    b, m, e = stages.score_batch(b, task.reward_fns, task.combiner, task.fallback, task.tokenizer)
                 for k, v in m.items():
                     round_metrics[k] = round_metrics.get(k, 0.0) + v
                 for k, v in e.items():
@@ -106,6 +125,9 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
             scored.append(b)
             b = keep(b) if keep is not None else b
             if b.size:
+                kept_ids = b.group_ids.unique().tolist()
+                # a merged group counts once per draw it holds: `want` stays a budget of draws of n rollouts
+                round_kept += sum(idx.count(idx[g - offset]) for g in kept_ids) if merge_repeats else len(kept_ids)
                 kept_now.append(b)
                 if on_kept is not None:
                     on_kept(b)
@@ -116,7 +138,6 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
             metrics[k] = metrics.get(k, 0.0) + v
         indices += idx
         seen.append(in_group_order(scored, pad_id))
-        round_kept = sum(b.num_groups for b in kept_now)
         dropped += len(idx) - round_kept
         if kept_now:
             kept.append(in_group_order(kept_now, pad_id))
@@ -132,6 +153,13 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
         first = batch.group_ids.unique()[:want]
         batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
     return Collected(batch, everything, metrics, indices, groups, dropped)
+
+
+def joined(pieces: PiecesFn, pad_id: int) -> PiecesFn:
+    """Pieces joined into one: the whole round, in group order, once every piece has arrived."""
+    def whole(*args: Any, **kwargs: Any) -> Iterator[Batch]:
+        yield in_group_order(list(pieces(*args, **kwargs)), pad_id)
+    return whole
 
 
 def whole_round(rollout: stages.RolloutFn) -> PiecesFn:

@@ -18,7 +18,7 @@ from upslope.config import Config, dump
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
-from upslope.data.samplers import make_sampler
+from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.errors import ConfigError
 from upslope.dist import group
 from upslope.eval.runner import eval_data_config, evaluate
@@ -139,6 +139,10 @@ class BaseTrainer:
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         """Restore what `extra_state` saved."""
 
+    def save_extra_shards(self, shards: Path) -> None:
+        """Across learner ranks: the DCP shards of any other trained model (PPO's critic) under
+        `shards`, the checkpoint's sharded/ directory (every rank calls it)."""
+
     def encode_prompts(self, examples: list[Example]) -> tuple[list[list[int]], list[Example]]:
         """Prompt token ids through the chat template; long prompts are an error or dropped."""
         cfg = self.cfg
@@ -155,12 +159,17 @@ class BaseTrainer:
         with `rewards`, the reward functions and their combiner: what every method that samples
         from the policy needs."""
         cfg = self.cfg
-        self.prompt_ids, self.examples = self.encode_prompts(load_examples(cfg.data, "train"))
-        self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed)
-        self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.runtime.tokenizer) if rewards else []
+        examples = load_examples(cfg.data, "train")
+        examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
+        self.prompt_ids, self.examples = self.encode_prompts(examples)
+        self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
+        # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
+        self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
+        self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
-        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback)
+        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
+                         self.runtime.tokenizer)
 
     def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
                 max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None,
@@ -176,11 +185,18 @@ class BaseTrainer:
                                           max_rounds=max_rounds, keep=keep, stream=stream)
         got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
-                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock)
+                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock,
+                      merge_repeats=self.merge_repeats)
         engine = self.runtime.engine
         got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
         engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
         return group.broadcast(got)
+
+    @property
+    def merge_repeats(self) -> bool:
+        """Does the sampler give a prompt several draws of n rollouts as one group (its optional
+        `merge_repeats` attribute; CERO's variable rollouts per prompt)?"""
+        return bool(getattr(self.sampler, "merge_repeats", False))
 
     def collect_from_pipe(self, step: int, *, want: int, per_round: int, refill: bool, max_rounds: int,
                           keep: Callable[[Batch], Batch] | None, stream: StreamedUpdate | None = None) -> Collected:
@@ -204,7 +220,7 @@ class BaseTrainer:
         got = collect(None, self.task, feed.draw, lambda round_: self.sampling(step, round_),  # type: ignore[arg-type]
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round, refill=refill,
                       max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock,
-                      pieces=feed.pieces if stream is not None else None,
+                      merge_repeats=self.merge_repeats, pieces=feed.pieces if stream is not None else None,
                       on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
         got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
@@ -256,7 +272,7 @@ class BaseTrainer:
                 self.logger.log(step, metrics)
                 if self.main:
                     display.update(step, metrics)
-                if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+                if ((t.eval_every and step % t.eval_every == 0) or step in t.eval_at) and step != t.steps:
                     self.evaluate(step)
                 if (t.save_every and step % t.save_every == 0) or step == last:
                     self.save(step)
@@ -314,6 +330,7 @@ class BaseTrainer:
                                         state, dump(self.cfg), self.cfg.train.keep_last)
         staged = ckpt_dir / f".sharded-step_{step:06d}"  # every rank writes its shards, rank 0 moves them in
         self.updater.save_sharded(staged)
+        self.save_extra_shards(staged)
         weights = self.updater.export_weights()  # gathered on rank 0 for the HF-format model/
         final = ckpt_dir / f"step_{step:06d}"
         if self.main:

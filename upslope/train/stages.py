@@ -12,6 +12,7 @@ from upslope.data.types import Example
 from upslope.errors import UpslopeError
 from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
+from upslope.rewards.placement import placed_token_rewards
 from upslope.rollout.base import Engine, SamplingParams
 
 RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
@@ -48,17 +49,19 @@ def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example]
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-           fallback: float, strict: bool = True) -> tuple[Batch, dict[str, float]]:
+           fallback: float, strict: bool = True, tokenizer: Any = None) -> tuple[Batch, dict[str, float]]:
     """Score each completion with every reward: a Batch with named components and the combined
-    reward. With `strict`, a reward that fails on every sample of a batch is an error."""
-    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback)
+    reward. With `strict`, a reward that fails on every sample of a batch is an error. Given the
+    policy's `tokenizer`, a reward placed inside completions (a PlacedReward, e.g. the process
+    reward's step scores) also sets batch.token_rewards."""
+    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback, tokenizer)
     if strict:
         check_reward_failures(metrics, errors, batch.size)
     return batch, metrics
 
 
 def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-                fallback: float) -> tuple[Batch, dict[str, float], dict[str, str]]:
+                fallback: float, tokenizer: Any = None) -> tuple[Batch, dict[str, float], dict[str, str]]:
     """`reward` without the strict check: also each failing reward's first error (a round that
     arrives in pieces is checked once whole, see `check_reward_failures`)."""
     texts = [m["completion"] for m in batch.meta]
@@ -72,7 +75,12 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
     override = torch.tensor([float(m.get("reward_override", float("nan"))) for m in batch.meta])
     combined = torch.where(override.isnan(), combined * scale, override) if batch.meta else combined
     batch = replace(batch, reward_components=components, rewards=combined)
-    metrics = {f"reward_failures/{k}": float(v) for k, v in result.failures.items()}
+    metrics: dict[str, float] = {}
+    if tokenizer is not None and any(rf.places_tokens for rf in reward_fns):
+        token_rewards, unplaced = placed_token_rewards(batch, result.placed, result.weights, tokenizer, scale, override)
+        batch = replace(batch, token_rewards=token_rewards)
+        metrics["token_rewards/unplaced"] = float(unplaced)
+    metrics.update({f"reward_failures/{k}": float(v) for k, v in result.failures.items()})
     metrics.update({f"sandbox/{k}": float(v) for k, v in status_counts(batch.meta).items()})
     return batch, metrics, result.errors
 

@@ -119,7 +119,7 @@ def test_self_teacher_scores_at_its_temperature(tiny_model_path, tokenizer, tmp_
 
     overrides = tiny_overrides(tiny_model_path, tmp_path, "distill.teacher_temperature=2.0", "distill.top_k=4")
     cfg = load_config(RECIPES / "distill_self.yaml", overrides)
-    teacher = Teacher(cfg.distill, cfg.model, tiny_model_path, tokenizer, torch.device("cpu"))
+    teacher = Teacher(cfg.distill, cfg.model, tiny_model_path, tokenizer)
     learner = Updater.from_config(cfg, tiny_model_path, "cpu")
     b = build_batch([[1, 50, 60], [1, 50, 60]], [[70, 80, 90], [71, 2]], [[0.0] * 3, [0.0] * 2], [0, 0],
                     [False, False], pad_id=2)

@@ -22,7 +22,8 @@ SCRIPT = textwrap.dedent("""
 
     cfg = load_config(None, [f"run_dir={sys.argv[1]}", "engine.name=vllm", "train.steps=2", "train.eval_before=false",
                              "train.eval_after=false", "train.eval_every=0", "log.progress=false",
-                             "log.tensorboard=false", "log.plot=false", "optim.lr=1e-4"])
+                             "log.tensorboard=false", "log.plot=false", "optim.lr=1e-4",
+                             "rollout.prompts_per_step=4", "rollout.n=4"])
     trainer = Trainer(cfg)
     engine = trainer.runtime.engine
     probe = trainer.prompt_ids[:4]

@@ -1,5 +1,5 @@
 """Every RL recipe in recipes/ runs 2 training steps on a tiny model (HF engine). Recipes of the
-other commands (they configure an `sft`, `rft`, `dpo`, `distill` or `rm` section) are run by their
+other commands (they configure an `sft`, `rft`, `dpo`, `distill`, `rm` or `randopt` section) are run by their
 own trainers' tests in tests/train/trainers. A recipe rewarded by a trained reward model gets a
 tiny one (the tiny model with a scalar head)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from upslope.config import RewardSpec, load_config
 from upslope.data import task_default_reward
 from upslope.train.trainers.rl import Trainer, check_config
 
-OTHER_COMMANDS = ("sft", "rft", "dpo", "distill", "rm")
+OTHER_COMMANDS = ("sft", "rft", "dpo", "distill", "rm", "randopt")
 TOY = Path(__file__).resolve().parents[2] / "fixtures" / "toy_rewards.py"
 
 
@@ -35,8 +35,10 @@ SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule",
                        "socratic", "arena", "drift"}
 SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "ispo", "codapo", "paec",
                         "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # issue 21 A
-RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SEED_METHOD_RECIPES else [])
-        for r in RECIPES]
+SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # issue 21, part 2: tree rollouts and decomposition
+SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # issue 20's baselines on its two tasks
+SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
+RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -48,7 +50,7 @@ def test_recipe_config_is_valid(recipe, tmp_path):
 
 def test_seed_method_recipes_exist():
     """The slow set names real recipes (a renamed recipe would silently leave both sets)."""
-    assert SEED_METHOD_RECIPES <= {r.stem for r in RECIPES}
+    assert SLOW_RECIPES <= {r.stem for r in RECIPES}
 
 
 @pytest.fixture(scope="module")

@@ -107,14 +107,9 @@ def use_lean_activations(model: torch.nn.Module) -> int:
 _LIBC: Any = None
 
 
-def release_freed_memory(device: torch.device | str = "cpu") -> None:
-    """Return the heap's free pages to the OS (glibc `malloc_trim`; a no-op elsewhere). A step's
-    activations are freed into the heap, which otherwise keeps them as resident memory. Only
-    for a learner on the CPU: on a GPU the activations never touch the host heap, and the
-    trim would cost time for nothing."""
+def _libc() -> Any:
+    """glibc through ctypes (False where there is none: then the memory helpers are no-ops)."""
     global _LIBC
-    if torch.device(device).type != "cpu":
-        return
     if _LIBC is None:
         name = ctypes.util.find_library("c")
         try:
@@ -123,5 +118,34 @@ def release_freed_memory(device: torch.device | str = "cpu") -> None:
                 _LIBC = False
         except OSError:
             _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
+    return _LIBC
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def return_large_frees(threshold: int = 1 << 20) -> bool:
+    """Serve every allocation of >= `threshold` bytes (1 MiB) by its own mmap, so that freeing it
+    hands the memory back to the OS at once (glibc's M_MMAP_THRESHOLD, fixed: glibc otherwise
+    raises it to 32 MiB after such frees). A sharded CPU learner allocates many transient 1-32 MiB
+    buffers (FSDP's per-layer gathers, gloo's, activations) that would otherwise stay resident as
+    freed heap and set its peak RSS (measured: 3.5 -> 1.8 GiB per rank, docs/distributed.md).
+    Skipped when the user set MALLOC_MMAP_THRESHOLD_ or there is no glibc; True when applied."""
+    import os
+
+    libc = _libc()
+    if not libc or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def release_freed_memory(device: torch.device | str = "cpu") -> None:
+    """Return the heap's free pages to the OS (glibc `malloc_trim`; a no-op elsewhere). A step's
+    activations are freed into the heap, which otherwise keeps them as resident memory. Only
+    for a learner on the CPU: on a GPU the activations never touch the host heap, and the
+    trim would cost time for nothing."""
+    if torch.device(device).type != "cpu":
+        return
+    libc = _libc()
+    if libc:
+        libc.malloc_trim(0)

@@ -76,6 +76,39 @@ class Objective:
         (`upslope.train.learner.stream`); None: it cannot."""
         return None
 
+    def forget_last(self) -> None:
+        """The last `micro_step` was a zero-weighted repeat run only to keep FSDP's collectives in
+        step across ranks (`Updater.rank_micro_batches`): drop whatever it recorded."""
+
+
+def on_host(record: Any) -> Any:
+    """A named tuple of tensors, each detached onto the CPU (to keep, or send to rank 0)."""
+    return type(record)._make(t.detach().cpu() for t in record)
+
+
+class PairRecords:
+    """What a pair objective keeps of each micro-batch during an update (detached, on the CPU) for
+    its batch metrics; across learner ranks each rank saw only its own micro-batches, so `all`
+    gathers every rank's (a collective)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def clear(self) -> None:
+        self.items = []
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+
+    def drop_last(self) -> None:
+        self.items.pop()
+
+    def all(self) -> list[Any]:
+        """Every rank's records (this process's alone in one process)."""
+        from upslope.dist import group
+
+        return group.gather_lists(self.items)
+
 
 class SupervisedObjective(Objective):
     """SFT and RFT: token-mean NLL (or DFT) over loss_mask."""
@@ -315,11 +348,10 @@ class PreferenceObjective(Objective):
 
     def __init__(self, loss_fn: Callable[..., Any]):
         self.loss_fn = loss_fn
-        self.outs: list[Any] = []
-        self.seen: list[Any] = []
+        self.seen = PairRecords()  # (loss output, policy log-probs) of each micro-batch's pairs
 
     def prepare(self, batch: Batch, updater: "Updater") -> Batch:
-        self.outs, self.seen = [], []
+        self.seen.clear()
         return batch
 
     def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
@@ -329,15 +361,18 @@ class PreferenceObjective(Objective):
         policy = sequence_logps(lp, mb)
         reference = sequence_logps(mb.ref_logprobs, mb) if mb.ref_logprobs is not None else None
         out = self.loss_fn(policy, reference)
-        self.outs.append(out)
-        self.seen.append(policy)
+        self.seen.add((on_host(out), on_host(policy)))
         # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
         return out.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {}
+
+    def forget_last(self) -> None:
+        self.seen.drop_last()
 
     def finish(self, batch: Batch) -> Metrics:
         from upslope.algos.preference import preference_metrics
 
-        return preference_metrics(self.outs, self.seen)
+        seen = self.seen.all()
+        return preference_metrics([out for out, _ in seen], [policy for _, policy in seen])
 
 
 class ScalarObjective(Objective):
@@ -405,11 +440,14 @@ class BradleyTerryObjective(ScalarObjective):
 
     def __init__(self, margin: float = 0.0):
         self.margin = margin
-        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.seen = PairRecords()  # (chosen, rejected) scores of each micro-batch's pairs
 
     def prepare(self, batch: Batch, updater: "Updater") -> Batch:
-        self.seen = []
+        self.seen.clear()
         return batch
+
+    def forget_last(self) -> None:
+        self.seen.drop_last()
 
     def forward(self, model: Any, mb: Batch) -> torch.Tensor:
         return model.sequence_scores(mb.input_ids, mb.attention_mask)
@@ -420,16 +458,15 @@ class BradleyTerryObjective(ScalarObjective):
         assert mb.rewards is not None
         chosen, rejected = pair_rows(mb.group_ids.cpu(), mb.rewards.cpu())
         rc, rr = out[chosen.to(out.device)], out[rejected.to(out.device)]
-        self.seen.append((rc.detach().cpu(), rr.detach().cpu()))
+        self.seen.add((rc.detach().cpu(), rr.detach().cpu()))
         loss = bradley_terry_loss(rc, rr, self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
         return loss, {}
 
     def finish(self, batch: Batch) -> Metrics:
-        if not self.seen:
+        seen = self.seen.all()
+        if not seen:
             return {}
-        rc = torch.cat([c for c, _ in self.seen])
-        rr = torch.cat([r for _, r in self.seen])
-        return pair_metrics(rc, rr)
+        return pair_metrics(torch.cat([c for c, _ in seen]), torch.cat([r for _, r in seen]))
 
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> Metrics:

@@ -18,6 +18,10 @@ from upslope.models import DTYPES
 class ScalarHeadModel(torch.nn.Module):
     """`net`: an HF `...ForSequenceClassification` with `num_labels=1` whose head is `net.score`."""
 
+    # its forwards: an FSDP-sharded root gathers its own weights (embeddings, final norm, head) only
+    # around a registered forward method (`upslope.dist.shard.shard_model`)
+    forward_methods = ("token_values",)
+
     def __init__(self, net: Any):
         super().__init__()
         if not isinstance(getattr(net, "score", None), torch.nn.Linear):
@@ -45,6 +49,12 @@ class ScalarHeadModel(torch.nn.Module):
         """An HF sequence-classification model directory (what checkpoints and `upslope rm` write)."""
         self.net.save_pretrained(directory, **kwargs)
 
+    @property
+    def state_module(self) -> Any:
+        """The module whose state dict this one's is (the HF net: its parameter names), for torch's
+        distributed state-dict helpers, which look each name up from the module they are given."""
+        return self.net
+
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         return self.net.state_dict(*args, **kwargs)
 
@@ -60,10 +70,13 @@ def score_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_i
 
 
 def load_scalar_model(path: str, *, dtype: str = "float32", pad_id: int | None = None, bias: bool = False,
-                      trust_remote_code: bool = False) -> ScalarHeadModel:
+                      trust_remote_code: bool = False, empty: bool = False) -> ScalarHeadModel:
     """A scalar-head model from a causal LM (a fresh head, zero so every score starts at 0) or
-    from a saved reward model (its trained head). `bias`: the head has a bias (the critic's)."""
+    from a saved reward model (its trained head). `bias`: the head has a bias (the critic's).
+    `empty`: the architecture only, its parameters on the meta device (see `load_model`)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from upslope.models import empty_weights
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     trained = any(a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
@@ -71,30 +84,35 @@ def load_scalar_model(path: str, *, dtype: str = "float32", pad_id: int | None =
         config.pad_token_id = pad_id
     config.num_labels = 1
     torch_dtype = DTYPES.get(dtype, torch.float32)
-    try:
-        net = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                                 trust_remote_code=trust_remote_code)
-    except ValueError as exc:  # no sequence-classification class for this architecture
-        raise ModelError(f"{path}: cannot host a scalar head ({str(exc).splitlines()[0][:200]})") from None
-    if not isinstance(getattr(net, "score", None), torch.nn.Linear):
-        return ScalarHeadModel(net)  # raises the one-line error
-    if not trained or bias:
-        hidden = net.score.in_features
-        net.score = torch.nn.Linear(hidden, 1, bias=bias, dtype=net.score.weight.dtype)
-        torch.nn.init.zeros_(net.score.weight)
-        if bias:
-            torch.nn.init.zeros_(net.score.bias)
+    with empty_weights() if empty else contextlib.nullcontext():
+        try:
+            if empty:
+                net = AutoModelForSequenceClassification.from_config(config, dtype=torch_dtype,
+                                                                     trust_remote_code=trust_remote_code)
+            else:
+                net = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                                         trust_remote_code=trust_remote_code)
+        except ValueError as exc:  # no sequence-classification class for this architecture
+            raise ModelError(f"{path}: cannot host a scalar head ({str(exc).splitlines()[0][:200]})") from None
+        if not isinstance(getattr(net, "score", None), torch.nn.Linear):
+            return ScalarHeadModel(net)  # raises the one-line error
+        if not trained or bias:
+            hidden = net.score.in_features
+            net.score = torch.nn.Linear(hidden, 1, bias=bias, dtype=net.score.weight.dtype)
+            torch.nn.init.zeros_(net.score.weight)
+            if bias:
+                torch.nn.init.zeros_(net.score.bias)
     net.config.use_cache = False
     return ScalarHeadModel(net)
 
 
 def scalar_loader(*, pad_id: int | None, bias: bool = False,
-                  dtype: str | None = None) -> Callable[[str, ModelConfig], ScalarHeadModel]:
+                  dtype: str | None = None) -> Callable[..., ScalarHeadModel]:
     """An `Updater` model loader that builds a scalar-head model (dtype: the model config's unless given)."""
 
-    def load(path: str, model: ModelConfig) -> ScalarHeadModel:
+    def load(path: str, model: ModelConfig, empty: bool = False) -> ScalarHeadModel:
         return load_scalar_model(path, dtype=dtype or model.dtype, pad_id=pad_id, bias=bias,
-                                 trust_remote_code=model.trust_remote_code)
+                                 trust_remote_code=model.trust_remote_code, empty=empty)
 
     return load
 

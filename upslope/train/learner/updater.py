@@ -20,7 +20,7 @@ from upslope.dist.balance import assign_by_tokens
 from upslope.models import load_model
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
-from upslope.train.learner.memory import use_lean_activations
+from upslope.train.learner.memory import return_large_frees, use_lean_activations
 from upslope.train.learner.optim import make_optimizer, make_scheduler
 
 if TYPE_CHECKING:
@@ -28,15 +28,23 @@ if TYPE_CHECKING:
 
 
 SHARDED_STATE = "sharded"  # trainer state's optimizer entry when the state went into the DCP shards
-ModelLoader = Callable[[str, ModelConfig], Any]  # (path, model config) -> the trained module
+# (path, model config, empty) -> the trained module; `empty`: its architecture with the parameters on
+# the meta device (a learner rank other than 0, which receives its weights from rank 0)
+ModelLoader = Callable[[str, ModelConfig, bool], Any]
 
 
-def causal_lm(path: str, model: ModelConfig) -> Any:
+def causal_lm(path: str, model: ModelConfig, empty: bool = False) -> Any:
     """The default trained model: a causal LM (the policy), with fused attention on a GPU."""
     from upslope.hardware import learner_device
     from upslope.models import attention_for
 
-    return load_model(path, model.dtype, model.trust_remote_code, attention_for(learner_device()))
+    return load_model(path, model.dtype, model.trust_remote_code, attention_for(learner_device()), empty=empty)
+
+
+def reads_weights() -> bool:
+    """Does this process read model weights from disk? One process or rank 0; the other learner
+    ranks build empty models and receive their weights (shards) from rank 0."""
+    return group.world() == 1 or group.is_main()
 
 
 def default_device() -> torch.device:
@@ -67,16 +75,15 @@ class Updater:
         self.device = torch.device(device) if device is not None else default_device()
         self.dist_cfg = dist or DistConfig()
         shard.check_combination(self.dist_cfg, optim, model, self.device)
-        self.model = loader(model_path, model).to(self.device)
+        if group.world() > 1 and self.device.type == "cpu":  # transient buffers must not stay resident
+            return_large_frees()
+        self.model = loader(model_path, model, not reads_weights())
         self.model.config.use_cache = False  # the shared-prompt forward passes its own cache
         if train.lean_activations:
             use_lean_activations(self.model)
         if lora_cfg.enabled:  # only the adapter trains; the base weights stay frozen
             self.model = lora.wrap(self.model, lora_cfg)
-        if group.world() > 1:  # DDP or FSDP2 across the learner ranks
-            self.model = shard.shard_model(self.model, self.dist_cfg, train)
-            if shard.is_sharded(self.model):
-                shard.register_entry(self.model, token_scores)
+        self.model = self.place(self.model)
         self.model.train()
         self.model_path = model_path
         self._reference: Any = None
@@ -91,15 +98,33 @@ class Updater:
         """The updater for a run's config (only its model, train, optim, lora and dist sections are read)."""
         return cls(model_path, cfg.model, cfg.train, cfg.optim, cfg.lora, device, loader, cfg.dist)
 
+    def place(self, model: Any) -> Any:
+        """`model` where this learner computes: on its device in one process; across ranks DDP
+        (whole on every rank) or FSDP2-sharded, filled from rank 0's weights (`shard.shard_model`)."""
+        if group.world() == 1:
+            return model.to(self.device)
+        if reads_weights():
+            model = model.to(self.device)
+        model = shard.shard_model(model, self.dist_cfg, self.train_cfg, self.device)
+        if shard.is_sharded(model):
+            shard.register_entry(model, token_scores)
+        return model
+
+    def frozen(self, path: str) -> Any:
+        """A frozen causal LM from `path` beside the policy (the KL reference, a distillation
+        teacher), in eval mode and placed like the policy: across ranks read by rank 0 alone and
+        sharded the same way (under FSDP each rank holds its shards of it, not a whole copy)."""
+        m = self.model_cfg
+        model = load_model(path, m.dtype, m.trust_remote_code, empty=not reads_weights())
+        model.requires_grad_(False)
+        model.config.use_cache = False
+        return self.place(model).eval()
+
     def reference(self) -> Any:
         """The frozen reference (the initial model), loaded once on first use: with LoRA the
         policy with its adapter switched off (no second copy in memory), else a fresh copy."""
         if self._reference is None:
-            if self.lora_cfg.enabled:
-                self._reference = lora.AdapterOff(self.model)
-            else:
-                self._reference = load_model(self.model_path, self.model_cfg.dtype).to(self.device).eval()
-                self._reference.requires_grad_(False)
+            self._reference = lora.AdapterOff(self.model) if self.lora_cfg.enabled else self.frozen(self.model_path)
         return self._reference
 
     @property
@@ -251,6 +276,7 @@ class Updater:
             loss, metrics, entropy = objective.micro_step(self, mb, norms)
             (loss * weight).backward()
             if not weight:  # a padding pass (FSDP: every rank runs as many forwards): nothing counted
+                objective.forget_last()
                 continue
             mine["forwarded"] += float(self.forwarded_tokens(mb))
             ntok = float(mb.loss_mask.sum())

@@ -9,11 +9,14 @@ import torch
 
 from upslope.batch import Batch
 from upslope.config import Config, LoraConfig, OptimConfig
+from upslope.dist import group
 from upslope.errors import UpslopeError
 from upslope.models import resolve_model
 from upslope.train.learner.objectives import ValueObjective, token_values
 from upslope.train.learner.scalar import scalar_loader
-from upslope.train.learner.updater import Updater
+from upslope.train.learner.updater import SHARDED_STATE, Updater
+
+CRITIC_SHARDS = "critic"  # the critic's DCP shards, inside a sharded checkpoint's sharded/
 
 
 def critic_optim(cfg: Config) -> OptimConfig:
@@ -35,7 +38,8 @@ class Critic:
                                              "grad_checkpointing": False, "updates_per_batch": 1,
                                              "epochs_per_batch": 1})
         self.updater = Updater(path, cfg.model.model_copy(update={"dtype": "float32"}), train, critic_optim(cfg),
-                               LoraConfig(), device, loader=scalar_loader(pad_id=None, bias=True, dtype="float32"))
+                               LoraConfig(), device, loader=scalar_loader(pad_id=None, bias=True, dtype="float32"),
+                               dist=cfg.dist)
         self.objective = ValueObjective(cfg.critic.value_clip)
 
     @classmethod
@@ -62,13 +66,31 @@ class Critic:
                 "critic/nonfinite_skipped": m["learner/nonfinite_skipped"], "critic/clip_frac": m.get("clip_frac", 0.0)}
 
     def state(self) -> dict[str, Any]:
-        """Weights, optimiser and schedule, for the run's checkpoint."""
-        return {"weights": self.updater.model.state_dict(), **self.updater.state()}
+        """Weights, optimiser and schedule, for the run's checkpoint; across learner ranks the
+        weights and optimiser state go into its DCP shards instead (`save_sharded`)."""
+        weights = self.updater.model.state_dict() if group.world() == 1 else SHARDED_STATE
+        return {"weights": weights, **self.updater.state()}
 
-    def load(self, state: dict[str, Any]) -> None:
-        """Restore what `state` saved (one error line for a critic state this critic cannot take)."""
+    def save_sharded(self, shards: Path) -> None:
+        """Every rank: the critic's weights and optimiser state as DCP shards in `shards`/critic
+        (`shards`: the checkpoint's sharded/ directory), loadable on any number of ranks."""
+        self.updater.save_sharded(shards / CRITIC_SHARDS)
+
+    def load(self, state: dict[str, Any], shards: Path | None = None) -> None:
+        """Restore what `state` saved, the weights and optimiser state from `shards`/critic when the
+        checkpoint was written across ranks (any number of ranks reads it); a one-process state
+        loads into N ranks too. One error line for a critic state this critic cannot take."""
+        sharded = shards is not None and (shards / CRITIC_SHARDS).is_dir()
         try:
-            self.updater.model.load_state_dict(state["weights"])
+            if sharded:
+                self.updater.load_sharded(shards / CRITIC_SHARDS)  # type: ignore[operator]
+            elif state["weights"] == SHARDED_STATE:
+                raise KeyError("its DCP shards (sharded/critic) are missing")
+            elif group.world() > 1:  # a one-process checkpoint: every rank reads it whole, keeps its shards
+                self.updater.load_full(state["weights"], state["optimizer"])
+                state = {**state, "optimizer": SHARDED_STATE}
+            else:
+                self.updater.model.load_state_dict(state["weights"])
             self.updater.load_state(state)
         except (KeyError, RuntimeError, ValueError) as exc:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]

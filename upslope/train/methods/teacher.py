@@ -6,13 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import DistillConfig, ModelConfig
 from upslope.errors import ConfigError, ModelError, UpslopeError
-from upslope.models import load_model, load_tokenizer, resolve_model
+from upslope.models import load_tokenizer, resolve_model
 
 if TYPE_CHECKING:
     from upslope.train.learner.updater import Updater
@@ -60,10 +58,12 @@ def check_same_vocab(student_tokenizer: Any, teacher_tokenizer: Any, spec: str) 
 class Teacher:
     """A frozen model that scores the student's samples at its own temperature: each token's
     log-prob and its top-k tokens per position, computed once per rollout batch (no grad,
-    token-budget micro-batches) and kept on the batch, so every update of it reads them."""
+    token-budget micro-batches) and kept on the batch, so every update of it reads them. Its
+    weights are loaded beside the student's (`load`): across learner ranks read by rank 0 and
+    sharded like the student."""
 
     def __init__(self, d: DistillConfig, model: ModelConfig, student_path: str, student_tokenizer: Any,
-                 device: torch.device, announce: Any = print):
+                 announce: Any = print):
         self.spec = d.teacher or ""
         self.path = resolve_teacher(d.teacher, student_path, d.teacher_gguf_file, model.cache_dir, announce)
         if d.top_k > len(student_tokenizer):
@@ -75,15 +75,19 @@ class Teacher:
                 raise ConfigError(f"distill.teacher={self.spec}: its tokenizer could not be loaded from {self.path} "
                                   f"({str(exc).splitlines()[0]})") from None
             check_same_vocab(student_tokenizer, teacher_tokenizer, self.spec)
-        self.model = load_model(self.path, model.dtype, model.trust_remote_code).to(device).eval()
-        self.model.requires_grad_(False)
-        self.model.config.use_cache = False
+        self.model: Any = None  # loaded by `load`, once the student's learner exists
         self.temperature = d.teacher_temperature
         self.top_k = d.top_k
         self.forward_passes = 0  # micro-batch forwards so far
 
+    def load(self, updater: "Updater") -> None:
+        """The teacher's weights, frozen and placed like the student's policy (once)."""
+        if self.model is None:
+            self.model = updater.frozen(self.path)
+
     def score(self, batch: Batch, updater: "Updater") -> Batch:
         """The batch with teacher_logprobs [N, L] and teacher_topk_ids / _logprobs [N, L, K]."""
+        self.load(updater)
         teacher_vocab = self.model.get_output_embeddings().weight.shape[0]
         out = updater.score(batch, self.model, temperature=self.temperature, top_k=self.top_k,
                             top_k_vocab=min(updater.vocab_size, teacher_vocab))  # padded heads may differ in size

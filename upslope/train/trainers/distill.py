@@ -34,7 +34,7 @@ class DistillTrainer(BaseTrainer):
         self.setup_task(rewards=cfg.distill.log_reward)
         self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
                                         where="distill.loss.options")
-        self.teacher = Teacher(cfg.distill, cfg.model, self.runtime.model_path, self.runtime.tokenizer, self.device,
+        self.teacher = Teacher(cfg.distill, cfg.model, self.runtime.model_path, self.runtime.tokenizer,
                                announce=self.report.note)
 
     def title(self) -> str:
@@ -57,6 +57,7 @@ class DistillTrainer(BaseTrainer):
 
     def setup_objective(self) -> None:
         cfg = self.cfg
+        self.teacher.load(self.updater)  # beside the student (across ranks: sharded like it)
         self.objective = DistillObjective(self.loss, cfg.algo, cfg.train, temperature=cfg.rollout.temperature or 1.0,
                                           max_new_tokens=cfg.rollout.max_new_tokens or 0)
 

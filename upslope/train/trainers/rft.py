@@ -75,8 +75,8 @@ class RFTTrainer(BaseTrainer):
         with open(self.samples_path, "a") as fh:
             for i, e in enumerate(example_idx):
                 ex = self.examples[e]
-                msgs = ex.messages(self.cfg.data.system_prompt) + [{"role": "assistant",
-                                                                    "content": kept.meta[i]["completion"]}]
+                reply = ex.prefill + kept.meta[i]["completion"]  # a prefilled reply is the model's too
+                msgs = ex.messages(self.cfg.data.system_prompt) + [{"role": "assistant", "content": reply}]
                 fh.write(json.dumps({"messages": msgs, "answer": ex.answer, "reward": float(kept.rewards[i]),
                                      "round": step, "example_id": ex.id,
                                      "truncated": bool(kept.truncated[i])}, default=str) + "\n")

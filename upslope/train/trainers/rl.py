@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
@@ -26,6 +27,7 @@ def check_config(cfg: Config) -> None:
     if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
+    check_token_rewards(cfg)
     if cfg.algo.replay is not None:  # its options fail here, before any model loads
         REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
     SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
@@ -36,12 +38,37 @@ def check_config(cfg: Config) -> None:
                           f"{cfg.rollout.prompts_per_step} prompt groups into more mini-batches than groups")
 
 
-def stream_blocker(cfg: Config) -> str | None:
+def check_token_rewards(cfg: Config) -> None:
+    """A reward placed on tokens (trait `places_tokens`, e.g. process with placement: token) needs an
+    advantage that reads token rewards (trait `token_rewards`) and a linear combiner (trait `linear`)."""
+    from upslope.registry import REWARD_COMBINERS
+    from upslope.rewards import places_tokens
+
+    placing = [(i, r.name) for i, r in enumerate(cfg.reward) if places_tokens(r)]
+    if not placing:
+        return
+    i, name = placing[0]
+    adv = cfg.algo.advantage.name
+    if not ADVANTAGES.get(adv, "algo.advantage.name").attrs.get("token_rewards"):
+        takes = ", ".join(n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("token_rewards"))
+        raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, and advantage '{adv}' reads only sequence "
+                          f"rewards; use an advantage that takes token rewards ({takes}) or placement: sequence")
+    comb = cfg.algo.reward_combiner.name
+    if not REWARD_COMBINERS.get(comb, "algo.reward_combiner.name").attrs.get("linear"):
+        raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, which needs a linear reward combiner (the "
+                          f"token rewards are its weighted parts), and algo.reward_combiner '{comb}' is not one; use "
+                          f"weighted_sum or placement: sequence")
+
+
+def stream_blocker(cfg: Config, sampler: Any = None) -> str | None:
     """Why this run's update must wait for its whole batch instead of streaming groups as they arrive
-    from the Ray workers (None: it may stream); read from the plugins' `whole_batch` traits, never by name."""
+    from the Ray workers (None: it may stream); read from the plugins' `whole_batch` traits (and the
+    `sampler`'s `merge_repeats`), never by name."""
     algo = cfg.algo
     if not cfg.pipeline.stream:
         return "pipeline.stream=false"
+    if getattr(sampler, "merge_repeats", False):
+        return f"sampler '{cfg.data.sampler.name}' makes a prompt's repeated draws one group"
     if several_passes(cfg.train):
         return "several optimiser steps per batch (train.updates_per_batch x train.epochs_per_batch > 1)"
     if ADVANTAGES.get(algo.advantage.name, "algo.advantage.name").attrs.get("whole_batch"):
@@ -106,11 +133,15 @@ class Trainer(BaseTrainer):
             state["replay"] = self.replay.state_dict()
         return state
 
+    def save_extra_shards(self, shards: Path) -> None:
+        if self.critic is not None:
+            self.critic.save_sharded(shards)
+
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.critic is not None:
             if "critic" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no critic state, but algo.advantage needs a critic")
-            self.critic.load(state["critic"])
+            self.critic.load(state["critic"], path / ckpt.SHARDED)
         if self.replay is not None:
             if "replay" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
@@ -123,7 +154,7 @@ class Trainer(BaseTrainer):
     def start_pipe(self) -> Any:
         pipe = super().start_pipe()
         if pipe is not None:
-            why = stream_blocker(self.cfg)
+            why = stream_blocker(self.cfg, self.sampler)
             self.report.note("pipeline: the learner forwards groups as they arrive (pipeline.stream)" if why is None
                              else f"pipeline: the learner waits for each whole batch: {why}")
         return pipe
@@ -131,7 +162,7 @@ class Trainer(BaseTrainer):
     def stream_for(self, step: int) -> StreamedUpdate | None:
         """The streamed update of this step's batch, when the Ray workers feed it and nothing in the
         method needs the whole batch first (`stream_blocker`)."""
-        if self.pipe is None or stream_blocker(self.cfg) is not None:
+        if self.pipe is None or stream_blocker(self.cfg, self.sampler) is not None:
             return None
         return StreamedUpdate(self.updater, self.objective, lambda piece: self.prepare_piece(piece, step),
                               self.runtime.tokenizer.pad_token_id)

@@ -94,7 +94,7 @@ class RMTrainer(BaseTrainer):
         in backward (HF's gradient checkpointing)."""
         train = self.cfg.train.model_copy(update={"share_prompt": False})
         updater = Updater(self.rm_path, self.cfg.model, train, self.cfg.optim, self.cfg.lora, self.device,
-                          loader=scalar_loader(pad_id=self.pad_id))
+                          loader=scalar_loader(pad_id=self.pad_id), dist=self.cfg.dist)
         if train.grad_checkpointing:
             updater.model.net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return updater
