@@ -1,8 +1,10 @@
 """Synchronous vs asynchronous RL on this CPU: the default task with 1 Ray rollout worker pinned to
 core 0 and the learner (this process) pinned to core 1, for pipeline.max_staleness in --staleness
 (0 is the synchronous loop), over --seeds. Per run: seconds per step, generated tokens per second,
-held-out accuracy after the last step, the worker's and the learner's busy fractions, the lag
-histogram; writes OUT/results.json, OUT/results.md (markdown rows) and each run's timeline PNG.
+held-out accuracy after the last step, the worker's and the learner's busy fractions, the weight
+push and load times, the groups the learner streamed, the lag histogram (`--set
+pipeline.chunk_groups=2` splits each round into jobs of 2 groups, which the learner streams);
+writes OUT/results.json, OUT/results.md (markdown rows) and each run's timeline PNG.
 
     PYTHONPATH=$PWD python benchmarks/async_overlap.py --steps 40 --seeds 0 1 --staleness 0 1 2 --out /tmp/async
     PYTHONPATH=$PWD python benchmarks/async_overlap.py --steps 3 --seeds 0 --eval-limit 20   # smoke
@@ -47,19 +49,22 @@ def one_run(out: Path, staleness: int, seed: int, args: argparse.Namespace) -> d
             "tokens_per_s": sum(r["rollout/generated_tokens"] for r in steps) / seconds,
             "accuracy_after": result.get("after", {}).get("accuracy"),
             "worker_busy": mean("pipeline/worker0_busy"), "learner_busy": mean("pipeline/learner_busy"),
-            "weight_push_s": mean("pipeline/weight_push_s"), "lag_groups": lags,
+            "weight_push_s": mean("pipeline/weight_push_s"), "weight_load_s": mean("pipeline/weight_load_s"),
+            "streamed_groups": sum(r.get("pipeline/streamed_groups", 0.0) for r in steps), "lag_groups": lags,
             "dropped_stale_groups": sum(r.get("pipeline/dropped_stale_groups", 0.0) for r in steps),
             "timeline": str(run_dir / "timeline.png")}
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = ("| max_staleness | seed | steps | s/step | s/step (after step 1) | tokens/s | held-out acc | worker busy | "
-            "learner busy | push s | groups by lag |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "learner busy | push s | load s | streamed groups | groups by lag |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     return head + "".join(
         f"| {r['staleness']} | {r['seed']} | {r['steps']} | {f(r['s_per_step'])} | {f(r['s_per_step_after_1'])} | "
         f"{f(r['tokens_per_s'], '.1f')} | {f(r['accuracy_after'], '.3f')} | {f(r['worker_busy'])} | "
-        f"{f(r['learner_busy'])} | {f(r['weight_push_s'], '.3f')} | "
+        f"{f(r['learner_busy'])} | {f(r['weight_push_s'], '.3f')} | {f(r['weight_load_s'], '.3f')} | "
+        f"{r['streamed_groups']:.0f} | "
         f"{', '.join(f'{k}: {v:.0f}' for k, v in sorted(r['lag_groups'].items()))} |\n" for r in rows)
 
 

@@ -169,6 +169,12 @@ def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
     return Batch(**out)
 
 
+def in_group_order(parts: Sequence[Batch], pad_id: int) -> Batch:
+    """Pieces of whole groups (disjoint runs of group ids, e.g. a rollout round's jobs) joined in
+    order of their first group id, as one rollout of them all would have returned them."""
+    return concat(sorted(parts, key=lambda b: int(b.group_ids[0]) if b.size else -1), pad_id)
+
+
 def _pad_right(t: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
     if t.shape[1] == width:
         return t

@@ -7,7 +7,7 @@ from algos_strategies import bind_loss, token_tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upslope.algos.aggregate import aggregate, loss_normalizers
+from upslope.algos.aggregate import UNIT, aggregate, loss_normalizers, normalizer
 from upslope.algos.losses import cispo, gspo, ppo_clip, reinforce
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
@@ -172,6 +172,31 @@ def test_aggregate_over_micro_batches_sums_to_the_whole(t, mode, data):
     parts = [perm[a:b] for a, b in zip([0] + cuts, cuts + [loss.shape[0]])]
     total = sum(aggregate(loss[p], mask[p], mode, constant=11.0, **norm) for p in parts)
     assert torch.allclose(total, whole)
+
+
+@FAST
+@given(token_tensors(max_rows=6), st.sampled_from(MODES), st.data())
+def test_pieces_aggregated_unnormalised_then_divided_once_give_the_whole(t, mode, data):
+    """The streamed update's arithmetic: rows arriving in pieces, each aggregated with UNIT counts (the
+    mini-batch's are unknown until the last piece), the sum divided by `normalizer` of the piece counts
+    summed: the whole-batch loss, and so its gradient."""
+    loss, _, _, mask = t
+    whole = aggregate(loss, mask, mode, constant=11.0, **loss_normalizers(mask))
+    cuts = sorted(data.draw(st.lists(st.integers(0, loss.shape[0]), max_size=3)))
+    parts = [slice(a, b) for a, b in zip([0] + cuts, cuts + [loss.shape[0]])]
+    counts = {k: sum(loss_normalizers(mask[p])[k] for p in parts) for k in UNIT}
+    assert counts == loss_normalizers(mask)
+    total = sum(aggregate(loss[p], mask[p], mode, constant=11.0, **UNIT) for p in parts)
+    assert torch.allclose(total / normalizer(mode, **counts), whole)
+
+
+def test_normalizer_hand_example():
+    counts = {"num_tokens": 4.0, "num_seqs": 2.0}
+    assert normalizer("token_mean", **counts) == 4.0 and normalizer("seq_mean_token_mean", **counts) == 2.0
+    assert normalizer("seq_sum_constant", **counts) == 2.0  # the constant stays inside aggregate
+    assert normalizer("token_mean", num_tokens=0.0, num_seqs=0.0) == 1.0  # as aggregate's max(., 1)
+    with pytest.raises(ConfigError, match="token-mean"):
+        normalizer("token-mean", **counts)
 
 
 @FAST

@@ -1,5 +1,5 @@
-"""Traits declared at registration (grouped, critic) and how the loop and the stages read them:
-no advantage name is checked anywhere outside the registry."""
+"""Traits declared at registration (grouped, critic, whole_batch) and how the loop and the stages read
+them: no advantage name is checked anywhere outside the registry."""
 import pytest
 import torch
 from algos_strategies import make_batch
@@ -8,9 +8,9 @@ from upslope.algos.advantages import gae_advantages_and_returns
 from upslope.algos.common import last_token_rewards
 from upslope.config import load_config
 from upslope.errors import ConfigError
-from upslope.registry import ADVANTAGES
+from upslope.registry import ADVANTAGES, FILTERS, REWARD_COMBINERS, REWARDS
 from upslope.train import stages
-from upslope.train.trainers.rl import check_config
+from upslope.train.trainers.rl import check_config, stream_blocker
 
 
 def test_advantage_traits_are_declared_at_registration():
@@ -31,6 +31,46 @@ def test_the_loop_reads_the_grouped_trait():
             check_config(load_config(None, ["rollout.n=1", "algo.advantage.name=test_traits_grouped"]))
     finally:
         ADVANTAGES._entries.pop("test_traits_grouped")
+
+
+def test_batch_level_steps_declare_the_whole_batch_trait():
+    """What uses statistics of the whole batch or round says so: REINFORCE++'s and GAE's whitening,
+    GDPO's batch normalisation (and what builds on it), ReCal's per-dataset scale, SAW's batch
+    coefficients of variation, DARTS's longest completion; group-local estimators do not."""
+    def whole(registry):
+        return {n for n in registry.names() if registry.get(n).attrs.get("whole_batch")}
+    assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo"}
+    assert whole(REWARD_COMBINERS) == {"saw"} and whole(FILTERS) == {"darts"}
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ([], None),
+    (["algo.filters=[{name: nonzero_std}]"], None),  # DAPO's dynamic sampling streams
+    (["algo.advantage.name=reinforce_pp"], "advantage 'reinforce_pp' uses statistics of the whole batch"),
+    (["algo.advantage.name=gdpo"], "advantage 'gdpo' uses statistics of the whole batch"),
+    (["algo.reward_combiner.name=saw"], "reward combiner 'saw'"),
+    (["algo.filters=[{name: darts}]"], "filter 'darts'"),
+    (["train.updates_per_batch=2"], "several optimiser steps per batch"),
+    (["train.epochs_per_batch=2"], "several optimiser steps per batch"),
+    (["algo.replay.name=rerule"], "algo.replay"),
+    (["pipeline.stream=false"], "pipeline.stream=false"),
+])
+def test_the_loop_streams_the_update_unless_something_needs_the_whole_batch(extra, reason):
+    why = stream_blocker(load_config(None, extra))
+    assert why == reason if reason is None else reason in why
+
+
+def test_a_user_plugin_with_the_trait_is_not_streamed():
+    """By trait, not by name: a registered advantage or reward that declares whole_batch waits."""
+    ADVANTAGES.register("test_traits_whole", grouped=True, whole_batch=True)(ADVANTAGES.get("grpo").fn)
+    REWARDS.register("test_traits_whole_reward", whole_batch=True)(REWARDS.get("exact").fn)
+    try:
+        assert "test_traits_whole" in stream_blocker(load_config(None, ["algo.advantage.name=test_traits_whole"]))
+        why = stream_blocker(load_config(None, ["reward=[{name: test_traits_whole_reward}]"]))
+        assert why == "reward 'test_traits_whole_reward' uses statistics of the whole round"
+    finally:
+        ADVANTAGES._entries.pop("test_traits_whole")
+        REWARDS._entries.pop("test_traits_whole_reward")
 
 
 def test_a_critic_advantage_sets_advantages_and_returns_once():

@@ -39,10 +39,12 @@ def test_plot_curves_draws_only_the_keys_present(tmp_path):
 
 
 def test_timeline_plot_draws_one_row_per_actor(tmp_path):
-    """A pipeline run's timeline (two workers, the learner, a push) becomes a PNG; no events: no file."""
+    """A pipeline run's timeline (two workers, one weight load, the learner, a push) becomes a PNG; no
+    events: no file."""
     from upslope.logs.plot import plot_timeline
 
     events = [{"who": "worker0", "start": 0.0, "end": 2.0}, {"who": "worker1", "start": 0.5, "end": 1.5},
+              {"who": "worker0", "kind": "load", "start": 3.1, "end": 3.4},
               {"who": "learner", "start": 2.0, "end": 3.0}, {"who": "push", "start": 3.0, "end": 3.1}]
     out = plot_timeline(events, tmp_path / "t.png", title="t")
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,7 @@ import torch
 
 from upslope.config import RewardSpec
 from upslope.data.types import Example
+from upslope.errors import UpslopeError
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
@@ -85,6 +86,51 @@ def test_no_rewards_means_no_reward_stage(hf_engine, task):
     assert got.batch.rewards is None and "reward" not in clock.seconds and got.batch.size == 4
 
 
+def per_group_reversed(engine, prompts, examples, params, pad_id, group_offset=0):
+    """The round's groups as pieces of one group each, arriving last first (as Ray jobs may)."""
+    b = stages.rollout(engine, prompts, examples, params, pad_id, group_offset)
+    for g in reversed(b.group_ids.unique().tolist()):
+        yield b.select(torch.nonzero(b.group_ids == g).flatten())
+
+
+def test_a_round_in_pieces_collects_what_the_whole_round_does(hf_engine, task):
+    """The Ray workers' path: each piece is rewarded and filtered on arrival and its kept groups go to
+    on_kept at once; the result (batch, everything seen, counts, metrics) is the whole-round one."""
+    keep = lambda b: b.select(torch.nonzero(b.group_ids % 2 == 0).flatten())  # noqa: E731
+    whole = collect(hf_engine, task, Draws(), sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep)
+    handed: list = []
+    clock = StageClock()
+    got = collect(hf_engine, task, Draws(), sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep, clock=clock,
+                  pieces=per_group_reversed, on_kept=handed.append)
+    assert [b.group_ids.unique().tolist() for b in handed] == [[2], [0], [4], [6]]  # as they arrived
+    for a, b in ((got.batch, whole.batch), (got.seen, whole.seen)):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.group_ids, b.group_ids)
+        assert torch.equal(a.rewards, b.rewards) and [m["completion"] for m in a.meta] == [m["completion"] for m in b.meta]
+    assert (got.indices, got.kept_groups, got.dropped) == (whole.indices, whole.kept_groups, whole.dropped)
+    assert got.metrics == whole.metrics and set(clock.seconds) == {"rollout", "reward"}
+
+
+def test_the_strict_reward_check_is_per_round_not_per_piece(hf_engine, encode_chat):
+    """A reward failing on one group of a round is a counted failure even when that group arrives as
+    its own piece; failing on every sample of the round is still an error."""
+    examples = [Example(prompt=q, answer=str(2 * i)) for i, q in enumerate(QUESTIONS)]
+    for name, ok in (("fails_on_zero", True), ("always_fails", False)):
+        t = Task(encode_chat(QUESTIONS), examples, build_reward_fns([RewardSpec(name=f"{TOY}:{name}")]),
+                 REWARD_COMBINERS.bind("weighted_sum"))
+        run = lambda: collect(hf_engine, t, Draws(), sampling, 2, want=4, per_round=4,  # noqa: E731
+                              pieces=per_group_reversed, on_kept=lambda b: None)
+        if ok:
+            assert run().metrics[f"reward_failures/{name}"] == 2.0  # group 0's two samples
+        else:
+            with pytest.raises(UpslopeError, match="failed on every sample"):
+                run()
+
+
+def test_pieces_handed_on_need_refill(hf_engine, task):
+    with pytest.raises(ValueError, match="on_kept needs refill"):
+        collect(hf_engine, task, Draws(), sampling, 2, want=2, per_round=2, refill=False, on_kept=lambda b: None)
+
+
 def test_rollouts_come_from_the_registry():
     assert rollout_fn("single_turn") is stages.rollout
     assert ROLLOUTS.get("single_turn").fn is stages.rollout
@@ -102,6 +148,29 @@ def test_stage_clock_accumulates_per_stage():
     assert set(m) == {"time/a", "time/b"} and m["time/a"] >= 0.02
     assert throughput({"rollout/generated_tokens": 10.0, "time/rollout": 2.0, "learner/tokens": 4.0}) == \
         {"rollout/tokens_per_s": 5.0}  # no learner time: no learner rate
+
+
+def test_a_pausing_stage_is_left_out_of_the_one_it_runs_in():
+    """The learner's streamed work inside the wait for rollouts: the wait's time and timeline spans
+    exclude it, so the two never overlap; the enclosing step (not paused) keeps counting."""
+    clock = StageClock()
+    with clock("step"):
+        t0 = time.perf_counter()
+        with clock("rollout"):
+            time.sleep(0.02)
+            with clock("learner", pause="rollout"):
+                time.sleep(0.05)
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+        with clock("other", pause="rollout"):  # pausing a stage that is not running changes nothing
+            pass
+    s = clock.seconds
+    assert s["learner"] >= 0.05 and s["rollout"] >= 0.04 and s["step"] >= elapsed
+    assert s["rollout"] + s["learner"] == pytest.approx(elapsed, abs=5e-3)
+    spans = {stage: [(a, b) for st, a, b in clock.spans if st == stage] for stage in ("rollout", "learner")}
+    (l0, l1), = spans["learner"]
+    assert len(spans["rollout"]) == 2 and all(b <= l0 or a >= l1 for a, b in spans["rollout"])
+    assert not clock.open
 
 
 def test_merged_repeats_are_one_group_of_variable_size(hf_engine, task):

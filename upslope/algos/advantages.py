@@ -3,6 +3,8 @@
 Traits are declared at registration and read by the loop (never by name): `grouped=True`
 estimators compare a prompt's completions (rollout.n >= 2); a `critic=True` estimator
 needs `batch.values` and returns `(advantages [N, L], returns [N, L])`, computed once; a
+`whole_batch=True` estimator uses statistics of the whole batch (e.g. whitening over its
+tokens), so the learner waits for the whole batch instead of streaming groups as they arrive; a
 `token_rewards=True` estimator reads `batch.token_rewards` when set (rewards placed on tokens).
 Group statistics are float64 and a group whose rewards are all equal gets exactly 0
 (`common.group_moments`); conventions (std, eps, singleton groups, returns across masked
@@ -74,7 +76,7 @@ def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
     return _tokens(adv, batch)
 
 
-@ADVANTAGES.register("reinforce_pp", token_rewards=True)
+@ADVANTAGES.register("reinforce_pp", whole_batch=True, token_rewards=True)
 def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6,
                  unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
                  singleton: Singleton = "zero") -> Tensor:
@@ -137,7 +139,7 @@ def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tens
     return adv, returns
 
 
-@ADVANTAGES.register("gae", critic=True, token_rewards=True)
+@ADVANTAGES.register("gae", critic=True, whole_batch=True, token_rewards=True)
 def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6,
         unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
     """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.
@@ -163,7 +165,7 @@ def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = T
     return adv.float(), returns.float()
 
 
-@ADVANTAGES.register("gdpo", grouped=True)
+@ADVANTAGES.register("gdpo", grouped=True, whole_batch=True)
 def gdpo(batch: Batch, *, weights: dict[str, float] | None = None, batch_normalize: bool = True,
          eps: float = 1e-6, unbiased: bool = True, batch_unbiased: bool = False, eps_in_sqrt: bool = False,
          singleton: Singleton = "zero") -> Tensor:
@@ -217,7 +219,7 @@ def reward_cancellation(comps: dict[str, Tensor], group_ids: Tensor, weights: di
     return torch.where(mass > 0, 1 - total / mass.clamp(min=1e-300), torch.zeros_like(mass))
 
 
-@ADVANTAGES.register("gd2po", grouped=True)
+@ADVANTAGES.register("gd2po", grouped=True, whole_batch=True)
 def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: float = 0.5, reweight: bool = True,
           batch_normalize: bool = True, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
     """GD2PO (Liu et al. 2026): GDPO's advantage with conflicted rollouts masked and queries reweighted by consensus.
@@ -248,7 +250,7 @@ def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: f
     return adv * factor.to(adv.dtype)[:, None]
 
 
-@ADVANTAGES.register("recal", grouped=True)
+@ADVANTAGES.register("recal", grouped=True, whole_batch=True)
 def recal(batch: Batch, *, weights: dict[str, float] | None = None, dataset_key: str = "dataset",
           variance_power: float = 0.5, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
     """ReCal (Yu et al. 2026): component-wise group advantages, variance-aware query weights, then unit std per dataset.

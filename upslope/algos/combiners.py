@@ -1,4 +1,8 @@
-"""Reward combiners: `fn(components {name: [N]}, group_ids [N], *, weights) -> rewards [N]`."""
+"""Reward combiners: `fn(components {name: [N]}, group_ids [N], *, weights) -> rewards [N]`.
+
+A combiner is per sample or per group unless registered `whole_batch=True` (it uses statistics of
+the whole round, e.g. SAW's coefficients of variation): then a round is rewarded once complete, and
+the learner does not stream its groups as they arrive."""
 import torch
 from torch import Tensor
 
@@ -70,7 +74,7 @@ def cv_weights(components: dict[str, Tensor], weights: dict[str, float] | None, 
     return {k: w[k] * len(cv) * cv[k] / total for k in components}
 
 
-@REWARD_COMBINERS.register("saw")
+@REWARD_COMBINERS.register("saw", whole_batch=True)
 def saw(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None,
         eps: float = 1e-6, group_normalize: bool = False) -> Tensor:
     """SAW (He et al. 2026): each component reweighted by its batch coefficient of variation, then summed.

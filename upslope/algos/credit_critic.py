@@ -20,7 +20,7 @@ def pass_at_k(p: Tensor, k: int) -> Tensor:
     return 1 - (1 - p.clamp(0, 1)) ** k
 
 
-@ADVANTAGES.register("sr_ppo", critic=True)
+@ADVANTAGES.register("sr_ppo", critic=True, whole_batch=True)
 def sr_ppo(batch: Batch, *, k: int = 8, lam: float = 0.95, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """SR-PPO (Che et al. 2026): GAE over pass@k(critic value) of each prefix; the critic learns pass@1 from one rollout.
 

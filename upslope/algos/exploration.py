@@ -21,7 +21,7 @@ def darts_scores(batch: Batch, *, length_coef: float) -> Tensor:
     return confidence - length_coef * tokens / tokens.max()
 
 
-@FILTERS.register("darts")
+@FILTERS.register("darts", whole_batch=True)
 def darts(batch: Batch, *, keep: int = 8, length_coef: float = 1.0, balance: bool = True) -> Tensor:
     """DARTS: over-sample each group (rollout.n > keep), then keep the `keep` most concise and confident.
 

@@ -1,4 +1,8 @@
-"""Batch filters: `fn(batch, *, options) -> keep BoolTensor[N]`, plus the DAPO overlong loss mask."""
+"""Batch filters: `fn(batch, *, options) -> keep BoolTensor[N]`, plus the DAPO overlong loss mask.
+
+A filter decides per group unless registered `whole_batch=True` (it compares across the round, e.g.
+DARTS's length relative to the round's longest completion): then the learner does not stream groups
+as they arrive, since a piece of a round would be filtered differently from the whole round."""
 from typing import Literal
 
 import torch

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from upslope.batch import Batch
@@ -39,6 +41,7 @@ class Done:
     start: float
     end: float
     tokens: int
+    device: str = "cpu"  # where the worker's engine generated it
 
 
 class RolloutWorker:
@@ -66,17 +69,20 @@ class RolloutWorker:
         self.rollout = make_rollout(cfg, self.tokenizer)
         self.version = 0
 
-    def set_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
-        """Load the learner's weights of `version` (HF names; resolved from the object store by Ray)."""
-        self.engine.update_weights(state.items())
+    def set_weights(self, version: int, packed: Packed) -> tuple[int, float, float]:
+        """Load the learner's weights of `version` (`put_weights`; Ray resolves the reference to arrays
+        in the node's object store): the version and when the load started and ended (wall clock)."""
+        start = time.time()
+        self.engine.update_weights(unpack_weights(packed))
         self.version = version
-        return version
+        return version, start, time.time()
 
     def generate(self, job: Job, prompts: list[list[int]], examples: list[Example]) -> Done:
         """Run the rollout plugin on the job's prompts with the current weights."""
         start = time.time()
         batch = self.rollout(self.engine, prompts, examples, job.params, self.pad_id, group_offset=job.group_offset)
-        return Done(job, batch, self.version, self.worker, start, time.time(), int(batch.completion_lens.sum()))
+        return Done(job, batch, self.version, self.worker, start, time.time(), int(batch.completion_lens.sum()),
+                    self.engine.device)
 
     def pid(self) -> int:
         """The actor's process id (to kill it in fault tests)."""
@@ -87,6 +93,39 @@ class RolloutWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+Packed = dict[str, tuple[np.ndarray, str, tuple[int, ...]]]  # name -> (raw bytes, torch dtype name, shape)
+
+
+def pack_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Packed:
+    """Each tensor as a uint8 numpy view of its bytes (no copy for a contiguous CPU tensor), its dtype and
+    shape: Ray stores numpy arrays out of band and workers on the node read them in place (zero-copy),
+    where a pickled torch tensor is copied on the way in and again on the way out."""
+    out: Packed = {}
+    for name, t in named:
+        t = t.detach().to("cpu").contiguous()
+        out[name] = (t.view(-1).view(torch.uint8).numpy(), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+    return out
+
+
+def unpack_weights(packed: Packed) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of `pack_weights`, viewing the (read-only) arrays in place: an engine copies them into
+    its own parameters and must not write to them."""
+    with warnings.catch_warnings():  # the object store's buffers are read-only; nothing writes to them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for name, (raw, dtype, shape) in packed.items():
+            kind = getattr(torch, dtype)
+            yield name, torch.from_numpy(raw).view(kind).view(shape) if raw.size else torch.empty(shape, dtype=kind)
+
+
+def put_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Any:
+    """The learner's weights in the object store once per version (every worker on the node reads the same
+    object, in place): an object ref to `pack_weights`. The one copy is ray.put's, so the live parameters
+    may change as soon as it returns."""
+    import ray
+
+    return ray.put(pack_weights(named))
 
 
 def start_ray(address: str) -> bool:

@@ -50,8 +50,9 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str = "") -> Path 
 
 
 def plot_timeline(events: list[dict[str, Any]], out: Path, title: str = "") -> Path | None:
-    """Who was busy when in one run (a row per worker, the learner's update and its wait for
-    rollouts, and the weight pushes), from a pipeline run's timeline.jsonl; None if matplotlib is missing."""
+    """Who was busy when in one run (a row per worker: its jobs, and its weight loads in orange; the
+    learner's update and its wait for rollouts; the weight pushes), from a pipeline run's
+    timeline.jsonl; None if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -63,11 +64,13 @@ def plot_timeline(events: list[dict[str, Any]], out: Path, title: str = "") -> P
         return None
     t0 = min(e["start"] for e in events)
     rows = sorted({e["who"] for e in events}, key=lambda w: (w.startswith("worker"), w))
-    colors = {"learner": "tab:blue", "learner_wait": "lightgray", "push": "tab:red"}
+    colors = {"learner": "tab:blue", "learner_wait": "lightgray", "push": "tab:red", "load": "tab:orange"}
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.5))
     for y, who in enumerate(rows):
-        spans = [(e["start"] - t0, max(e["end"] - e["start"], 1e-3)) for e in events if e["who"] == who]
-        ax.broken_barh(spans, (y - 0.35, 0.7), color=colors.get(who, "tab:green"))
+        mine = [e for e in events if e["who"] == who]
+        spans = [(e["start"] - t0, max(e["end"] - e["start"], 1e-3)) for e in mine]
+        ax.broken_barh(spans, (y - 0.35, 0.7),
+                       facecolors=[colors.get(e.get("kind", who), "tab:green") for e in mine])
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel("seconds since the first event")
     ax.grid(axis="x", alpha=0.3)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from upslope.batch import Batch, concat
 from upslope.config import Config
-from upslope.dist.ray_workers import Done, Job, spawn_workers, start_ray
+from upslope.dist.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
 from upslope.rollout.base import SamplingParams
 from upslope.train.collect import Task
 
@@ -39,6 +39,7 @@ class RolloutPipe:
         self.seq = 0
         self.inflight: dict[Any, tuple[int, Job]] = {}  # object ref -> (worker, job)
         self.discard: set[Any] = set()  # in flight at a weight change with partial=discard
+        self.loads: dict[Any, int] = {}  # set_weights call in flight -> worker
         self.buffer: dict[tuple[int, int], list[Done]] = {}  # finished, waiting for the learner
         self.admitted: dict[int, list[int]] = {}  # step -> its round-0 prompt indices (drawn ahead)
         self.next_step = version + 1  # the first step not admitted yet
@@ -99,6 +100,7 @@ class RolloutPipe:
         worker died is re-issued after Ray restarted the worker and it has the current weights."""
         import ray
 
+        self.loaded()
         if not self.inflight:
             return
         ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
@@ -151,48 +153,66 @@ class RolloutPipe:
             self.enqueue(self.inflight.pop(ref)[1])
             self.discard.discard(ref)
 
-    def take(self, step: int, round_: int) -> tuple[Batch, int]:
-        """The groups of (step, round), in order, once all are done with weights at most
-        max_staleness versions old (older ones are dropped, counted and regenerated); the largest lag."""
+    def arrivals(self, step: int, round_: int, idle: Callable[[], bool] | None = None) -> Iterator[Done]:
+        """The finished jobs of (step, round), one at a time as they arrive, each with weights at most
+        max_staleness versions old (older ones are dropped, counted and regenerated). While none is
+        ready, `idle()` may do other work (the learner's streamed micro-batches); it returns False
+        when it has none, and then this waits."""
         key = (step, round_)
-        want = self.stats[f"jobs/{step}/{round_}"]
+        want, got = self.stats[f"jobs/{step}/{round_}"], 0
         self.dispatch()
-        while True:
-            fresh = []
-            for done in self.buffer.get(key, []):
+        while got < want:
+            for done in self.buffer.pop(key, []):
                 lag = self.version - done.version
                 if lag > self.p.max_staleness:
                     self.stats["dropped_stale_groups"] += len(done.job.indices)
                     self.enqueue(done.job)
-                else:
-                    fresh.append(done)
-            self.buffer[key] = fresh
-            if len(fresh) == want:
-                break
-            self.dispatch()
-            self.harvest(timeout=None)
-        del self.buffer[key]
-        fresh.sort(key=lambda d: d.job.key)
-        for done in fresh:
-            self.lags[self.version - done.version] += len(done.job.indices)
-        return concat([d.batch for d in fresh], self.pad_id), max(self.version - d.version for d in fresh)
+                    continue
+                self.lags[lag] += len(done.job.indices)
+                got += 1
+                yield done
+            if got < want:
+                self.dispatch()
+                self.harvest(timeout=0)
+                if key not in self.buffer and not (idle is not None and idle()):
+                    self.harvest(timeout=None)
+
+    def take(self, step: int, round_: int) -> list[Done]:
+        """All the finished jobs of (step, round), in order (see `arrivals`)."""
+        return sorted(self.arrivals(step, round_), key=lambda d: d.job.key)
 
     def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Put the learner's weights of `version` in the object store once and send every worker the
         reference; with partial=discard, the groups in flight now are regenerated. The seconds taken."""
-        import ray
-
         t0 = time.perf_counter()
         self.harvest(timeout=0)
         self.version = version
-        self.weights = ray.put({k: v.detach().to("cpu", copy=True) for k, v in named})
-        for w in self.workers:
-            w.set_weights.remote(version, self.weights)
+        self.weights = put_weights(named)
+        for i, w in enumerate(self.workers):
+            self.loads[w.set_weights.remote(version, self.weights)] = i
         if self.p.partial == "discard":
             self.discard = set(self.inflight)
         seconds = time.perf_counter() - t0
         self.events.append({"who": "push", "start": time.time() - seconds, "end": time.time(), "version": version})
         return seconds
+
+    def loaded(self) -> None:
+        """Record the weight loads the workers have finished (the timeline's `load` bars, the
+        `pipeline/weight_load_s` metric); a load lost with a dead worker is re-pushed by `restart`."""
+        import ray
+
+        if not self.loads:
+            return
+        ready, _ = ray.wait(list(self.loads), num_returns=len(self.loads), timeout=0)
+        for ref in ready:
+            worker = self.loads.pop(ref)
+            try:
+                version, start, end = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue
+            self.events.append({"who": f"worker{worker}", "kind": "load", "start": start, "end": end,
+                                "version": version})
+            self.stats["load_s"] = max(self.stats["load_s"], end - start)
 
     # ------------------------------------------------------------------ metrics and state
 
@@ -203,6 +223,8 @@ class RolloutPipe:
         m["pipeline/discarded_groups"] = float(self.stats.pop("discarded_groups", 0))
         m["pipeline/buffer_jobs"] = float(sum(len(v) for v in self.buffer.values()) + len(self.inflight) + len(self.queue))
         m["pipeline/restarts"] = float(self.restarts)
+        self.loaded()
+        m["pipeline/weight_load_s"] = float(self.stats.pop("load_s", 0.0))  # the slowest load finished this step
         for w in range(len(self.workers)):
             busy = self.stats.pop(f"busy_s/{w}", 0.0)
             tokens = self.stats.pop(f"tokens/{w}", 0)
@@ -235,16 +257,18 @@ class RolloutPipe:
 
 
 class StepFeed:
-    """The `draw` and `rollout` that the shared collect stage calls for one step when the groups come
-    from the pipe: round 0 takes the step's groups admitted ahead (admitting them now if staleness
-    did not allow it earlier); refill rounds are admitted ahead of every later step."""
+    """The `draw` and `rollout` (or `pieces`) that the shared collect stage calls for one step when the
+    groups come from the pipe: round 0 takes the step's groups admitted ahead (admitting them now if
+    staleness did not allow it earlier); refill rounds are admitted ahead of every later step. With
+    `pieces` each job's groups are handed over as it finishes, and `idle` runs while none is ready."""
 
     def __init__(self, pipe: RolloutPipe, step: int, draw: Callable[[int], Sequence[int]],
-                 params: Callable[[int, int], SamplingParams]):
-        self.pipe, self.step, self.draw_more, self.params = pipe, step, draw, params
+                 params: Callable[[int, int], SamplingParams], idle: Callable[[], bool] | None = None):
+        self.pipe, self.step, self.draw_more, self.params, self.idle = pipe, step, draw, params, idle
         self.round = 0
         self.indices: list[int] = []
         self.max_lag = 0
+        self.on_gpu = False
 
     def draw(self, k: int) -> list[int]:
         if self.round == 0:
@@ -255,11 +279,30 @@ class StepFeed:
             self.indices = list(self.draw_more(k))
         return self.indices
 
+    def begin_round(self, sampling: SamplingParams, group_offset: int) -> int:
+        """The round collect starts now; a refill round's jobs are admitted here."""
+        round_ = self.round
+        self.round += 1
+        if round_ > 0:
+            self.pipe.admit(self.step, round_, self.indices, sampling, group_offset)
+        return round_
+
     def rollout(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
                 pad_id: int, group_offset: int = 0) -> Batch:
-        if self.round > 0:
-            self.pipe.admit(self.step, self.round, self.indices, sampling, group_offset)
-        batch, lag = self.pipe.take(self.step, self.round)
-        self.round += 1
-        self.max_lag = max(self.max_lag, lag)
-        return batch
+        """The round's groups in order, once all have arrived."""
+        dones = self.pipe.take(self.step, self.begin_round(sampling, group_offset))
+        self.seen(dones)
+        return concat([d.batch for d in dones], pad_id)
+
+    def pieces(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
+               pad_id: int, group_offset: int = 0) -> Iterator[Batch]:
+        """The round's groups, a finished job at a time (running `idle` while none is ready)."""
+        for done in self.pipe.arrivals(self.step, self.begin_round(sampling, group_offset), self.idle):
+            self.seen([done])
+            yield done.batch
+
+    def seen(self, dones: list[Done]) -> None:
+        """Note the largest lag and whether a GPU generated (the step's metrics)."""
+        for d in dones:
+            self.max_lag = max(self.max_lag, self.pipe.version - d.version)
+            self.on_gpu = self.on_gpu or d.device.startswith("cuda")

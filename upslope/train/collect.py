@@ -4,11 +4,11 @@ on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from upslope.batch import Batch, concat
+from upslope.batch import Batch, concat, in_group_order
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn
@@ -61,6 +61,9 @@ def make_rollout(cfg: Any, tokenizer: Any) -> stages.RolloutFn:
     return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
 
+PiecesFn = Callable[..., Iterable[Batch]]  # a RolloutFn's arguments -> the round's groups, a piece at a time
+
+
 def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Batch:
     """The round's batch with every repeat of a prompt index in `idx` given the group id of its first
     draw (offset + first position), so grouped advantages compare all of that prompt's rollouts."""
@@ -72,41 +75,73 @@ def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Bat
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
             keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
-            clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False) -> Collected:
+            clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False,
+            pieces: PiecesFn | None = None, on_kept: Callable[[Batch], None] | None = None) -> Collected:
     """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
     missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
     reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
     1 + `max_rounds` rounds. Group ids are unique across rounds. With `merge_repeats`, a prompt
-    drawn k times in one round is one group of k x n rollouts (a variable n per prompt: CERO)."""
+    drawn k times in one round is one group of k x n rollouts (a variable n per prompt: CERO).
+
+    With `pieces` (the Ray workers' jobs, as they finish) a round arrives in pieces of whole groups:
+    each is rewarded and kept on arrival and what it keeps goes to `on_kept` at once (the streamed
+    update; with `refill`, every kept group is in the batch), so the reward and the keep step must
+    be per group; a round's pieces are joined in group order, as one rollout would return them.
+    A prompt's repeats may arrive in different pieces, so `merge_repeats` takes each round whole."""
+    if on_kept is not None and not refill:
+        raise ValueError("collect: on_kept needs refill (without it the batch is cut to `want` groups at the end)")
+    if on_kept is not None and merge_repeats:
+        raise ValueError("collect: on_kept cannot stream merged repeats (a prompt's group spans pieces)")
     clock = clock or StageClock()
     seen: list[Batch] = []
     kept: list[Batch] = []
     metrics: dict[str, Any] = {}
     groups = dropped = 0
     indices: list[int] = []
+    generate = pieces or whole_round(rollout)
+    if merge_repeats and pieces is not None:
+        generate = joined(pieces, pad_id)
     for round_ in range(max_rounds + 1):
         idx = list(draw(want - groups if round_ and refill else per_round))
-        with clock("rollout"):
-            b = rollout(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
-                        sampling(round_), pad_id, group_offset=len(indices))
-        if merge_repeats:
-            b = merge_repeated_prompts(b, idx, len(indices))
-        if task.reward_fns:
-            with clock("reward"):
-                b, m = stages.reward(b, task.reward_fns, task.combiner, task.fallback, strict=strict_rewards,
-                                     tokenizer=task.tokenizer)
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+        offset = len(indices)
+        parts = iter(generate(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
+                              sampling(round_), pad_id, group_offset=offset))
+        scored, kept_now, round_metrics, errors = [], [], {}, {}
+        round_kept = 0
+        while True:
+            with clock("rollout"):
+                b = next(parts, None)
+            if b is None:
+                break
+            if merge_repeats:
+                b = merge_repeated_prompts(b, idx, offset)
+            if task.reward_fns:
+                with clock("reward"):
+                    b, m, e = stages.score_batch(b, task.reward_fns, task.combiner, task.fallback, task.tokenizer)
+                for k, v in m.items():
+                    round_metrics[k] = round_metrics.get(k, 0.0) + v
+                for k, v in e.items():
+                    errors.setdefault(k, v)
+            scored.append(b)
+            b = keep(b) if keep is not None else b
+            if b.size:
+                kept_ids = b.group_ids.unique().tolist()
+                # a merged group counts once per draw it holds: `want` stays a budget of draws of n rollouts
+                round_kept += sum(idx.count(idx[g - offset]) for g in kept_ids) if merge_repeats else len(kept_ids)
+                kept_now.append(b)
+                if on_kept is not None:
+                    on_kept(b)
+        size = sum(b.size for b in scored)
+        if strict_rewards:
+            stages.check_reward_failures(round_metrics, errors, size)
+        for k, v in round_metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v
         indices += idx
-        seen.append(b)
-        b = keep(b) if keep is not None else b
-        kept_ids = b.group_ids.unique().tolist() if b.size else []
-        # a merged group counts once per draw it holds: `want` stays a budget of draws of n rollouts
-        kept_draws = sum(idx.count(indices[g]) for g in kept_ids) if merge_repeats else len(kept_ids)
-        dropped += len(idx) - kept_draws
-        if b.size:
-            kept.append(b)
-            groups += kept_draws
+        seen.append(in_group_order(scored, pad_id))
+        dropped += len(idx) - round_kept
+        if kept_now:
+            kept.append(in_group_order(kept_now, pad_id))
+            groups += round_kept
         if groups >= want:
             break
     everything = concat(seen, pad_id)
@@ -118,3 +153,18 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
         first = batch.group_ids.unique()[:want]
         batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
     return Collected(batch, everything, metrics, indices, groups, dropped)
+
+
+def joined(pieces: PiecesFn, pad_id: int) -> PiecesFn:
+    """Pieces joined into one: the whole round, in group order, once every piece has arrived."""
+    def whole(*args: Any, **kwargs: Any) -> Iterator[Batch]:
+        yield in_group_order(list(pieces(*args, **kwargs)), pad_id)
+    return whole
+
+
+def whole_round(rollout: stages.RolloutFn) -> PiecesFn:
+    """A rollout as the pieces of a round: one piece, the whole round, generated when it is asked for."""
+    def pieces(*args: Any, **kwargs: Any) -> Iterator[Batch]:
+        yield rollout(*args, **kwargs)
+    return pieces
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from upslope.train.collect import Collected, Task, collect, make_rollout, rollou
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
 from upslope.train.timing import StageClock, throughput
+
+if TYPE_CHECKING:
+    from upslope.train.learner.stream import StreamedUpdate
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -169,15 +172,17 @@ class BaseTrainer:
                          self.runtime.tokenizer)
 
     def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
-                max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None) -> Collected:
+                max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None,
+                stream: StreamedUpdate | None = None) -> Collected:
         """The collect stage over this method's task (see `upslope.train.collect.collect`),
         drawing from `self.sampler`, seeded by the step and round, timed on the step's clock. With
-        several learner ranks rank 0 collects and every rank gets the batch."""
+        several learner ranks rank 0 collects and every rank gets the batch. With the Ray workers and
+        a `stream`, kept groups go to it as they arrive and it works while the learner waits."""
         if not self.main:
             return group.broadcast(None)
         if self.pipe is not None:
             return self.collect_from_pipe(step, want=want, per_round=per_round or want, refill=refill,
-                                          max_rounds=max_rounds, keep=keep)
+                                          max_rounds=max_rounds, keep=keep, stream=stream)
         got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
                       max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock,
@@ -194,20 +199,31 @@ class BaseTrainer:
         return bool(getattr(self.sampler, "merge_repeats", False))
 
     def collect_from_pipe(self, step: int, *, want: int, per_round: int, refill: bool, max_rounds: int,
-                          keep: Callable[[Batch], Batch] | None) -> Collected:
+                          keep: Callable[[Batch], Batch] | None, stream: StreamedUpdate | None = None) -> Collected:
         """The collect stage with the groups from the Ray rollout workers (dist.rollout_workers): this
-        step's admitted ahead, later steps admitted as far as pipeline.max_staleness allows."""
+        step's admitted ahead, later steps admitted as far as pipeline.max_staleness allows. With a
+        `stream`, each job's kept groups go to it on arrival, and while no job is ready the learner
+        forwards what has arrived (timed as learner, not as rollout)."""
         from upslope.train.async_pipe import StepFeed
 
         pipe = self.pipe
         pipe.prefetch(min(self.cfg.train.steps, pipe.version + 1 + self.cfg.pipeline.max_staleness),
                       self.sampler.next, per_round, lambda s: self.sampling_params(s, 0))
-        feed = StepFeed(pipe, step, self.sampler.next, self.sampling_params)
+
+        def idle() -> bool:
+            if stream is None or not stream.pending:
+                return False
+            with self.clock("learner", pause="rollout"):
+                return stream.work()
+
+        feed = StepFeed(pipe, step, self.sampler.next, self.sampling_params, idle=idle)
         got = collect(None, self.task, feed.draw, lambda round_: self.sampling(step, round_),  # type: ignore[arg-type]
                       self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round, refill=refill,
                       max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock,
-                      merge_repeats=self.merge_repeats)
+                      merge_repeats=self.merge_repeats, pieces=feed.pieces if stream is not None else None,
+                      on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
+        got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
         return got
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:

@@ -54,6 +54,16 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
     reward. With `strict`, a reward that fails on every sample of a batch is an error. Given the
     policy's `tokenizer`, a reward placed inside completions (a PlacedReward, e.g. the process
     reward's step scores) also sets batch.token_rewards."""
+    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback, tokenizer)
+    if strict:
+        check_reward_failures(metrics, errors, batch.size)
+    return batch, metrics
+
+
+def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
+                fallback: float, tokenizer: Any = None) -> tuple[Batch, dict[str, float], dict[str, str]]:
+    """`reward` without the strict check: also each failing reward's first error (a round that
+    arrives in pieces is checked once whole, see `check_reward_failures`)."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
@@ -70,13 +80,17 @@ def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[...,
         token_rewards, unplaced = placed_token_rewards(batch, result.placed, result.weights, tokenizer, scale, override)
         batch = replace(batch, token_rewards=token_rewards)
         metrics["token_rewards/unplaced"] = float(unplaced)
-    for name, count in result.failures.items():
-        if strict and count == batch.size and batch.size > 1:
-            raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({result.errors[name]}); "
-                               f"fix the reward function (failures on some samples get reward_fallback instead)")
     metrics.update({f"reward_failures/{k}": float(v) for k, v in result.failures.items()})
     metrics.update({f"sandbox/{k}": float(v) for k, v in status_counts(batch.meta).items()})
-    return batch, metrics
+    return batch, metrics, result.errors
+
+
+def check_reward_failures(metrics: dict[str, float], errors: dict[str, str], size: int) -> None:
+    """A reward that failed on every one of `size` (> 1) samples is an error (`metrics` counts the failures)."""
+    for name, error in errors.items():
+        if metrics.get(f"reward_failures/{name}", 0.0) == size and size > 1:
+            raise UpslopeError(f"reward '{name}' failed on every sample of this batch ({error}); "
+                               f"fix the reward function (failures on some samples get reward_fallback instead)")
 
 
 def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor]]) -> Batch:

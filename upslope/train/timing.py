@@ -14,16 +14,27 @@ class StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.spans: list[tuple[str, float, float]] = []  # (stage, wall start, wall end): the run's timeline
+        self.open: dict[str, float] = {}  # stage -> wall time its current span began
 
     @contextlib.contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        """Time the block and add it to `stage`."""
+    def __call__(self, stage: str, pause: str | None = None) -> Iterator[None]:
+        """Time the block and add it to `stage`. With `pause`, a stage this block runs inside (e.g. the
+        learner's streamed work while it waits for rollouts) stops counting meanwhile: its time and
+        its timeline span leave this block out."""
         t0, wall = time.perf_counter(), time.time()
+        paused = pause is not None and pause in self.open
+        if paused:
+            self.spans.append((pause, self.open[pause], wall))
+        self.open[stage] = wall
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
-            self.spans.append((stage, wall, time.time()))
+            seconds, end = time.perf_counter() - t0, time.time()
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+            self.spans.append((stage, self.open.pop(stage, wall), end))
+            if paused:
+                self.seconds[pause] = self.seconds.get(pause, 0.0) - seconds
+                self.open[pause] = end
 
     def metrics(self) -> dict[str, float]:
         """`time/<stage>` for every stage timed so far."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from upslope.algos.aggregate import aggregate
+from upslope.algos.aggregate import aggregate, normalizer
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
 from upslope.algos.trust import DualController, discrepancy, proxy_parts
@@ -69,6 +69,12 @@ class Objective:
     def finish(self, batch: Batch) -> Metrics:
         """Metrics over the whole prepared batch, after the update."""
         return {}
+
+    def normalizer(self, counts: Metrics) -> float | None:
+        """What `loss` divides by for a mini-batch with these counts (`loss_normalizers`), when
+        loss(UNIT counts) / normalizer = loss(counts): then the update can be streamed
+        (`upslope.train.learner.stream`); None: it cannot."""
+        return None
 
     def forget_last(self) -> None:
         """The last `micro_step` was a zero-weighted repeat run only to keep FSDP's collectives in
@@ -287,6 +293,10 @@ class RLObjective(Objective):
         loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
                          num_seqs=norms["num_seqs"], constant=self.constant)
         return loss, metrics
+
+    def normalizer(self, counts: Metrics) -> float | None:
+        """Every term is in the `aggregate` of algo.loss_agg, so its normaliser is the loss's."""
+        return normalizer(self.algo.loss_agg, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
 
     def finish(self, batch: Batch) -> Metrics:
         if batch.old_logprobs is None:

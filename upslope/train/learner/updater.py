@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -51,6 +52,15 @@ def default_device() -> torch.device:
     from upslope.hardware import learner_device
 
     return torch.device(learner_device())
+
+
+@dataclass
+class Tally:
+    """What an update counts: over the whole update (`sums`) and over this rank's micro-batches
+    (`mine`, summed across ranks at the end)."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    mine: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
 
 class Updater:
@@ -246,54 +256,68 @@ class Updater:
         whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
         count them, so the update equals the one over every row."""
         batch = objective.prepare(batch, self)
-        skips = objective.skips_rows
-        sums: dict[str, float] = defaultdict(float)
-        mine: dict[str, float] = defaultdict(float)  # over this rank's micro-batches
+        tally = Tally()
         for mini in self.mini_batches(batch, step, updates, epochs):
-            norms = loss_normalizers(mini.loss_mask)
-            if skips:
-                keep = ~objective.skip_rows(mini)
-                sums["rows_skipped"] += float((~keep).sum())
-                mini = mini.select(torch.nonzero(keep).flatten())
-            sums["rows"] += float(mini.size)
-            for idx, weight in self.rank_micro_batches(mini, objective.whole_groups):
-                mb = mini.select(idx).to(self.device)
-                loss, metrics, entropy = objective.micro_step(self, mb, norms)
-                (loss * weight).backward()
-                if not weight:  # a padding pass (FSDP: every rank runs as many forwards): nothing counted
-                    objective.forget_last()
-                    continue
-                mine["forwarded"] += float(self.forwarded_tokens(mb))
-                ntok = float(mb.loss_mask.sum())
-                mine["tokens"] += ntok
-                mine["loss"] += float(loss.detach())
-                if entropy is not None:
-                    mine["entropy"] += entropy
-                for k, v in metrics.items():
-                    mine[k] += float(v) * ntok
-            shard.sum_gradients(self.model)
-            if mini.size == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
-                for p in self.model.parameters():
-                    if p.requires_grad:
-                        p.grad = torch.zeros_like(p)
-            clip = self.optim_cfg.grad_clip
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
-            norm = shard.plain(norm)  # FSDP: a DTensor
-            if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
+            forwarded = self.accumulate(mini, objective, loss_normalizers(mini.loss_mask), tally)
+            self.optimizer_step(forwarded, tally)
+        return self.update_metrics(tally, objective, batch)
+
+    def accumulate(self, mini: Batch, objective: "Objective", norms: dict[str, float], tally: "Tally") -> int:
+        """Forward and backward `mini` (a mini-batch, or a piece of one) in token-budget micro-batches,
+        each loss normalised by `norms`, adding to the gradients and to `tally`; the rows forwarded."""
+        if objective.skips_rows:
+            keep = ~objective.skip_rows(mini)
+            tally.sums["rows_skipped"] += float((~keep).sum())
+            mini = mini.select(torch.nonzero(keep).flatten())
+        tally.sums["rows"] += float(mini.size)
+        mine = tally.mine
+        for idx, weight in self.rank_micro_batches(mini, objective.whole_groups):
+            mb = mini.select(idx).to(self.device)
+            loss, metrics, entropy = objective.micro_step(self, mb, norms)
+            (loss * weight).backward()
+            if not weight:  # a padding pass (FSDP: every rank runs as many forwards): nothing counted
+                objective.forget_last()
                 continue
-            sums["grad_norm"] += float(norm)
-            sums["updates"] += 1
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-        sums.update(group.gather_sums(mine))  # over every rank's micro-batches
+            mine["forwarded"] += float(self.forwarded_tokens(mb))
+            ntok = float(mb.loss_mask.sum())
+            mine["tokens"] += ntok
+            mine["loss"] += float(loss.detach())
+            if entropy is not None:
+                mine["entropy"] += entropy
+            for k, v in metrics.items():
+                mine[k] += float(v) * ntok
+        return mini.size
+
+    def optimizer_step(self, forwarded: int, tally: "Tally") -> None:
+        """One optimiser step on the accumulated gradients (summed across ranks, clipped; skipped and
+        counted when not finite); with no row `forwarded`, on zero gradients, as it would have been."""
+        shard.sum_gradients(self.model)
+        if forwarded == 0:  # every row skipped: the optimiser steps on zero gradients, as it would have
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        clip = self.optim_cfg.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        norm = shard.plain(norm)  # FSDP: a DTensor
+        if self.nonfinite.skip(norm, self.optimizer):  # NaN/inf gradient: no update, counted
+            return
+        tally.sums["grad_norm"] += float(norm)
+        tally.sums["updates"] += 1
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def update_metrics(self, tally: "Tally", objective: "Objective", batch: Batch) -> dict[str, float]:
+        """The update's metrics from its tally (micro-batch sums gathered over every rank) and the objective's."""
+        sums = tally.sums
+        sums.update(group.gather_sums(tally.mine))  # over every rank's micro-batches
         tokens = sums.pop("tokens", 0.0)
         n_updates = max(sums.pop("updates", 0.0), 1.0)
         skipped, rows = sums.pop("rows_skipped", 0.0), sums.pop("rows", 0.0)
         out = {"loss": sums.pop("loss", 0.0) / n_updates, "grad_norm": sums.pop("grad_norm", 0.0) / n_updates,
                "lr": self.scheduler.get_last_lr()[0], "learner/tokens": sums.pop("forwarded", 0.0),
                "learner/nonfinite_skipped": self.nonfinite.take()}
-        if skips:
+        if objective.skips_rows:
             out["learner/rows_skipped_frac"] = skipped / max(skipped + rows, 1.0)
         if tokens:  # per-token means over the forwarded rows (none when every row was skipped)
             out.update({k: v / tokens for k, v in sums.items()})

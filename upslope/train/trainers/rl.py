@@ -10,10 +10,17 @@ from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS, REPLAY, ROLLOUTS, SAMPLERS
+from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
-from upslope.train.learner.objectives import RLObjective
+from upslope.train.learner.objectives import RLObjective, several_passes
+from upslope.train.learner.stream import Prepared, StreamedUpdate
 from upslope.train.loop import BaseTrainer, seed_step
+
+
+def advantage_metrics(batch: Batch) -> dict[str, float]:
+    """The adv/ statistics of a prepared batch."""
+    return {k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")}
+
 
 def check_config(cfg: Config) -> None:
     """Reject RL option combinations that cannot run (one ConfigError line)."""
@@ -51,6 +58,46 @@ def check_token_rewards(cfg: Config) -> None:
         raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, which needs a linear reward combiner (the "
                           f"token rewards are its weighted parts), and algo.reward_combiner '{comb}' is not one; use "
                           f"weighted_sum or placement: sequence")
+
+
+def stream_blocker(cfg: Config, sampler: Any = None) -> str | None:
+    """Why this run's update must wait for its whole batch instead of streaming groups as they arrive
+    from the Ray workers (None: it may stream); read from the plugins' `whole_batch` traits (and the
+    `sampler`'s `merge_repeats`), never by name."""
+    algo = cfg.algo
+    if not cfg.pipeline.stream:
+        return "pipeline.stream=false"
+    if getattr(sampler, "merge_repeats", False):
+        return f"sampler '{cfg.data.sampler.name}' makes a prompt's repeated draws one group"
+    if several_passes(cfg.train):
+        return "several optimiser steps per batch (train.updates_per_batch x train.epochs_per_batch > 1)"
+    if ADVANTAGES.get(algo.advantage.name, "algo.advantage.name").attrs.get("whole_batch"):
+        return f"advantage '{algo.advantage.name}' uses statistics of the whole batch"
+    for spec in cfg.reward:  # a reward given as FILE:FUNCTION is per sample or batched over a piece
+        if spec.name in REWARDS and REWARDS.get(spec.name).attrs.get("whole_batch"):
+            return f"reward '{spec.name}' uses statistics of the whole round"
+    if REWARD_COMBINERS.get(algo.reward_combiner.name, "algo.reward_combiner.name").attrs.get("whole_batch"):
+        return f"reward combiner '{algo.reward_combiner.name}' uses statistics of the whole round"
+    for f in algo.filters:
+        if FILTERS.get(f.name, "algo.filters").attrs.get("whole_batch"):
+            return f"filter '{f.name}' compares across the whole round"
+    if algo.replay is not None:
+        return "algo.replay mixes replayed rows into the whole batch"
+    return None
+
+
+def combine_piece_metrics(parts: list[Prepared]) -> dict[str, Any]:
+    """What `Trainer.prepare` measured on each streamed piece, as it would have on the whole batch:
+    token means (kl) weighted by each piece's trained tokens, `*/seconds` summed. The adv/ statistics
+    are not combinable (a std) and are recomputed on the whole prepared batch."""
+    tokens = [float(piece.loss_mask.sum()) for piece, _ in parts]
+    total = max(sum(tokens), 1.0)
+    out: dict[str, Any] = {}
+    for (_, measured), n in zip(parts, tokens):
+        for k, v in measured.items():
+            if not k.startswith("adv/"):
+                out[k] = out.get(k, 0.0) + (v if k.endswith("seconds") else v * n / total)
+    return out
 
 
 class Trainer(BaseTrainer):
@@ -104,12 +151,28 @@ class Trainer(BaseTrainer):
 
     # ------------------------------------------------------------------ stages wired
 
-    def collect_batch(self, step: int) -> tuple[Batch, dict[str, Any]]:
+    def start_pipe(self) -> Any:
+        pipe = super().start_pipe()
+        if pipe is not None:
+            why = stream_blocker(self.cfg, self.sampler)
+            self.report.note("pipeline: the learner forwards groups as they arrive (pipeline.stream)" if why is None
+                             else f"pipeline: the learner waits for each whole batch: {why}")
+        return pipe
+
+    def stream_for(self, step: int) -> StreamedUpdate | None:
+        """The streamed update of this step's batch, when the Ray workers feed it and nothing in the
+        method needs the whole batch first (`stream_blocker`)."""
+        if self.pipe is None or stream_blocker(self.cfg, self.sampler) is not None:
+            return None
+        return StreamedUpdate(self.updater, self.objective, lambda piece: self.prepare_piece(piece, step),
+                              self.runtime.tokenizer.pad_token_id)
+
+    def collect_batch(self, step: int, stream: StreamedUpdate | None = None) -> tuple[Batch, dict[str, Any]]:
         """Rollout + reward + filter; with filters, draw more prompts until the batch is full
-        (at most rollout.max_resample_rounds extra rounds)."""
+        (at most rollout.max_resample_rounds extra rounds); kept groups go to `stream` as they arrive."""
         r = self.cfg.rollout
         got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
-                           keep=lambda b: stages.apply_filters(b, self.filters))
+                           keep=lambda b: stages.apply_filters(b, self.filters), stream=stream)
         if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
             self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
         metrics = got.metrics
@@ -130,11 +193,16 @@ class Trainer(BaseTrainer):
         if self.critic is not None:
             batch = stages.values_and_returns(batch, self.critic.values(batch))
         batch = stages.advantage(batch, self.with_salience(batch, metrics))
-        metrics.update({k: v for k, v in stages.rollout_metrics(batch).items() if k.startswith("adv/")})
+        metrics.update(advantage_metrics(batch))
         if self.replay is not None:
             batch, replayed = self.replay.mix(batch, step, self.runtime.tokenizer.pad_token_id)
             metrics.update(replayed)
         return batch
+
+    def prepare_piece(self, piece: Batch, step: int) -> Prepared:
+        """`prepare` of a streamed piece (whole groups) and what it measured there."""
+        measured: dict[str, Any] = {}
+        return self.prepare(piece, measured, step), measured
 
     def with_salience(self, batch: Batch, metrics: dict[str, Any]) -> Any:
         """The advantage estimator, given the policy's per-token salience when it declares a
@@ -155,14 +223,24 @@ class Trainer(BaseTrainer):
 
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
-        batch, metrics = self.collect_batch(step)
+        stream = self.stream_for(step)
+        batch, metrics = self.collect_batch(step, stream)
+        if stream is not None:
+            metrics["pipeline/streamed_groups"] = float(sum(p.num_groups for p, _ in stream.done))
         if batch.size == 0:
             metrics["skipped"] = 1.0  # every group was filtered out: nothing to learn from this step
             return metrics
         with self.clock("learner"):
-            batch = self.prepare(batch, metrics, step)
-            saved = self.objective.candidate(self.updater)
-            metrics.update(self.updater.update(batch, step, self.objective))
+            if stream is not None and stream.started:  # some groups were forwarded while the rest arrived
+                saved = self.objective.candidate(self.updater)  # the weights have not moved yet
+                batch, update_metrics, parts = stream.finish()
+                metrics.update(combine_piece_metrics(parts))
+                metrics.update(advantage_metrics(batch))
+            else:  # the whole-batch update (bit for bit the synchronous loop's)
+                batch = self.prepare(batch, metrics, step)
+                saved = self.objective.candidate(self.updater)
+                update_metrics = self.updater.update(batch, step, self.objective)
+            metrics.update(update_metrics)
             metrics.update(self.objective.accept(batch, self.updater, saved))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))
