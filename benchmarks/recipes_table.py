@@ -2,6 +2,7 @@
 step 0 and step N, seconds per step, and each recipe's telling metric.
 
     python benchmarks/recipes_table.py [--steps 30] [--seed 0] [--recipes grpo dapo ...] [--out results/recipes.json]
+    python benchmarks/recipes_table.py --steps 30 --summarize RUNS/grpo-s0 RUNS/dapo-s1   # finished runs only
 
 Each recipe runs in its own process (`upslope train`); step 0 accuracy is measured once
 (the base model is the same for every recipe).
@@ -43,11 +44,17 @@ def run(recipe: str, steps: int, run_dir: Path, eval_before: bool, seed: int = 0
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"recipe": recipe, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    return summarize(recipe, seed, run_dir, steps, wall)
+
+
+def summarize(recipe: str, seed: int, run_dir: Path, steps: int, wall: float | None = None) -> dict:
+    """One table row from a finished run's metrics.jsonl (accuracy at steps 0 and N, step time, reward)."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if "time/step" in r]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     out = {"recipe": recipe, "seed": seed, "acc_before": evals.get(0), "acc_after": evals.get(steps),
-           "s_per_step": round(statistics.median(r["time/step"] for r in steps_rows), 2), "wall_s": round(wall, 1),
+           "s_per_step": round(statistics.median(r["time/step"] for r in steps_rows), 2),
+           "wall_s": None if wall is None else round(wall, 1),
            "reward_first5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[:5]), 3),
            "reward_last5": round(statistics.mean(r.get("reward/mean", 0) for r in steps_rows[-5:]), 3)}
     for key in EXTRA.get(recipe, []):
@@ -66,9 +73,16 @@ def main() -> None:
                     help="an override passed to every run (e.g. train.threads=1)")
     ap.add_argument("--work", default="/tmp/upslope-recipes")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipes.json"))
+    ap.add_argument("--summarize", nargs="+", type=Path, default=None, metavar="RUN_DIR",
+                    help="run nothing: tabulate these finished run directories (named RECIPE-sSEED)")
     a = ap.parse_args()
     results = []
-    for i, recipe in enumerate(a.recipes):
+    if a.summarize:
+        for run_dir in a.summarize:
+            recipe, _, seed = run_dir.name.rpartition("-s")
+            results.append(summarize(recipe, int(seed), run_dir, a.steps))
+            print(json.dumps(results[-1]), flush=True)
+    for i, recipe in enumerate([] if a.summarize else a.recipes):
         r = run(recipe, a.steps, Path(a.work) / f"{recipe}-s{a.seed}", eval_before=(i == 0), seed=a.seed,
                 extra=tuple(a.set))
         results.append(r)
