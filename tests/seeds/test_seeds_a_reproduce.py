@@ -191,11 +191,13 @@ def test_the_dry_run_of_every_claim(capsys):
             assert f" train {ROOT}/recipes/{claim.teacher}.yaml train.seed=0 " in teacher
             assert all(f"distill.teacher=/tmp/w/teachers/{claim.teacher}-" in c for c in cmds)
         assert len(cmds) == 4
-        assert all(f" {claim.command} " in c for c in cmds)
+        assert all(f" {claim.command_of('method')} " in c for c in cmds[0::2])
+        assert all(f" {claim.command_of('baseline')} " in c for c in cmds[1::2])
         assert [f"/{claim.recipe}.yaml" in c for c in cmds] == [True, False, True, False]
         assert all(f"/{claim.baseline}.yaml" in c for c in cmds[1::2])
         assert all(all(o in c or shlex.quote(o) in c for o in claim.overrides) for c in cmds)
     assert rp.METHODS["arkd"].command == "distill" and rp.METHODS["drpo"].baseline == "dppo"
+    assert rp.METHODS["corp"].command_of("method") == "randopt" and rp.METHODS["corp"].command_of("baseline") == "train"
     assert "rollout.top_p=0.9" in rp.METHODS["dcmdp"].overrides and rp.METHODS["dcmdp"].also == (
         ("mean:mismatch", "lower"),)
 
