@@ -87,3 +87,12 @@ def test_a_critic_advantage_sets_advantages_and_returns_once():
     b.returns = None
     b = stages.advantage(b, ADVANTAGES.bind("grpo"))
     assert b.returns is None and b.advantages.dtype == torch.float32
+
+
+def test_a_sampler_that_merges_repeats_is_not_streamed():
+    """CERO gives a prompt drawn k times one group of k x n rollouts, which may span Ray jobs."""
+    from upslope.data.samplers import CeroSampler
+
+    cfg = load_config(None, ["data.sampler.name=cero"])
+    assert stream_blocker(cfg, CeroSampler(8)) == "sampler 'cero' makes a prompt's repeated draws one group"
+    assert stream_blocker(cfg, CeroSampler(8, merge_groups=False)) is None

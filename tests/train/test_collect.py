@@ -196,3 +196,18 @@ def test_merged_repeats_are_one_group_of_variable_size(hf_engine, task):
     assert len(set(r[i] for i in (0, 1, 4, 5))) > 1  # the four differ: the case is not a trivial tie
     apart = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3)
     assert apart.batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2]  # without merging: three groups of n
+
+
+def test_merged_repeats_arriving_in_pieces_are_joined_before_scoring(hf_engine, task):
+    """A prompt's repeated draws may come back in different Ray jobs: with merge_repeats the round's
+    pieces are joined first, so the result is the one-rollout result (one group of 2 x n for prompt 3)."""
+    whole = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True)
+    got = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True,
+                  pieces=per_group_reversed)
+    assert got.batch.group_ids.tolist() == whole.batch.group_ids.tolist() == [0, 0, 1, 1, 0, 0]
+    assert torch.equal(got.batch.rewards, whole.batch.rewards)
+    assert [m["completion"] for m in got.batch.meta] == [m["completion"] for m in whole.batch.meta]
+    assert (got.kept_groups, got.dropped) == (whole.kept_groups, whole.dropped) == (3, 0)
+    with pytest.raises(ValueError, match="merged repeats"):
+        collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True,
+                pieces=per_group_reversed, on_kept=lambda b: None)
