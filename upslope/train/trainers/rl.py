@@ -41,7 +41,6 @@ def check_config(cfg: Config) -> None:
 def check_token_rewards(cfg: Config) -> None:
     """A reward placed on tokens (trait `places_tokens`, e.g. process with placement: token) needs an
     advantage that reads token rewards (trait `token_rewards`) and a linear combiner (trait `linear`)."""
-    from upslope.registry import REWARD_COMBINERS
     from upslope.rewards import places_tokens
 
     placing = [(i, r.name) for i, r in enumerate(cfg.reward) if places_tokens(r)]
