@@ -526,9 +526,11 @@ def test_help_prints_usage(args, capsys):
 
 SUBPROCESS = ["recipe_is_directory", "template_file_missing", "data_fake_parquet", "model_only_config",
               "reward_syntax_error", "export_into_own_run_forced"]
+SLOW_SUBPROCESS = {"template_file_missing", "data_fake_parquet", "reward_syntax_error"}  # 9-11 s each
 
 
-@pytest.mark.parametrize("name", SUBPROCESS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SUBPROCESS else n
+                                  for n in SUBPROCESS])
 def test_real_cli_subprocess_same(name: str, world_base: World, tmp_path):
     """The installed command behaves as the in-process entry: exit 2, one line, no traceback."""
     c = next(x for x in CASES if x.id == name)

@@ -52,10 +52,8 @@ def test_plain_jsonl_and_malformed_lines(tmp_path):
         load_humaneval(str(tmp_path / "nope.jsonl"))
 
 
-@needs_data
-@needs_bwrap
-def test_canonical_solutions_pass_and_broken_ones_fail():
-    examples = load_humaneval()
+def check_canonical_pass_and_broken_fail(examples: list) -> None:
+    """Every canonical body passes its tests, as a bare body and fenced; a body returning None fails."""
     reward = REWARDS.bind("code", {"timeout_s": 20.0})
     n = len(examples)
 
@@ -76,3 +74,16 @@ def test_canonical_solutions_pass_and_broken_ones_fail():
     results = reward(["    return None\n"] * n, [None] * n, metas)
     assert [m["task_id"] for m, r in zip(metas, results) if r != 0.0] == []
     assert Counter(m["sandbox_status"] for m in metas) == {"failed": n}
+
+
+@needs_data
+@needs_bwrap
+def test_a_sample_of_canonical_solutions_pass_and_broken_ones_fail():
+    check_canonical_pass_and_broken_fail(load_humaneval()[::12])
+
+
+@pytest.mark.slow  # all 164 programs, three ways: 15 s
+@needs_data
+@needs_bwrap
+def test_canonical_solutions_pass_and_broken_ones_fail():
+    check_canonical_pass_and_broken_fail(load_humaneval())

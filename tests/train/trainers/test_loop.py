@@ -68,8 +68,9 @@ def test_resume_at_the_last_step_finishes_the_final_evaluation(tiny_model_path, 
     assert main(["train", *tiny_overrides(tiny_model_path, run, *common, "train.resume=latest")]) == 2
 
 
-@pytest.mark.parametrize("algo", [[], ["algo.advantage.name=gae", "train.updates_per_batch=2"]],
-                         ids=["grpo", "ppo_with_critic"])
+@pytest.mark.parametrize("algo", [pytest.param([], id="grpo"),
+                                  pytest.param(["algo.advantage.name=gae", "train.updates_per_batch=2"],
+                                               id="ppo_with_critic", marks=pytest.mark.slow)])
 def test_resume_is_bitwise_exact(algo, tiny_model_path, tmp_path):
     """train 4 steps == train 2, stop, resume, train 2: same weights, same metrics (the
     critic's too, for PPO)."""

@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a real-model vLLM start plus two updates: ~60 s
 def test_two_grpo_steps_on_the_real_model_push_weights_into_vllm(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
                           timeout=600)
