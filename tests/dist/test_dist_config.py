@@ -50,3 +50,17 @@ def test_supported_combinations_pass(overrides):
 def test_unknown_dist_key_is_an_error():
     with pytest.raises(ConfigError, match="dist"):
         load_config(None, ["dist.procs=2"])
+
+
+def test_stale_samples_without_a_correction_get_one_warning_line():
+    from upslope.train.async_pipe import staleness_warning
+
+    assert staleness_warning(load_config(None, ["dist.rollout_workers=1"])) is None  # synchronous
+    note = staleness_warning(load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2"]))
+    assert note is not None and "\n" not in note
+    assert "max_staleness=2" in note and "algo.correction" in note
+    # the override the line suggests is valid and silences it
+    suggested = note.split("set ", 1)[1].split(" to reweight")[0]
+    fixed = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2", suggested.replace("'", "")])
+    assert fixed.algo.correction is not None and fixed.algo.correction.cap == 2.0
+    assert staleness_warning(fixed) is None

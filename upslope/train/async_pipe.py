@@ -22,6 +22,18 @@ from upslope.rollout.base import SamplingParams
 from upslope.train.collect import Task
 
 
+def staleness_warning(cfg: Config) -> str | None:
+    """One line when samples may lag the learner and nothing reweights them: they are then trained as
+    if on-policy (on the default task, max_staleness=2 without a correction lost 15-25 points of
+    held-out accuracy; docs/distributed.md)."""
+    k = cfg.pipeline.max_staleness
+    if k == 0 or cfg.algo.correction is not None:
+        return None
+    return (f"pipeline.max_staleness={k} without algo.correction: samples up to {k} weight versions old are "
+            f"trained as if on-policy; set algo.correction='{{level: token, cap: 2.0}}' to reweight them "
+            f"(docs/distributed.md)")
+
+
 class RolloutPipe:
     """Admission, dispatch, the buffer of finished groups and the weight push for N rollout workers."""
 
