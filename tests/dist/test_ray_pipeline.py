@@ -126,7 +126,10 @@ def test_worker_killed_is_restarted_and_no_step_is_lost(ray_cluster, tiny_model_
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2, 3, 4]
     assert r[-1]["pipeline/restarts"] == 1 and trainer.pipe is None
-    assert "rollout worker 0 died" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "rollout worker 0 died" in err
+    # the RL trainer warns once it has workers (rich wraps the line at the console width)
+    assert "pipeline.max_staleness=1 without algo.correction" in " ".join(err.split())
     lags = {k for x in r for k in x if k.startswith("pipeline/lag_")}
     assert lags <= {"pipeline/lag_0", "pipeline/lag_1"}
 

@@ -106,10 +106,8 @@ class BaseTrainer:
         if group.world() > 1:
             raise ConfigError("dist.rollout_workers > 0 with several learner ranks is not supported yet; "
                               "set dist.learner_procs=1")
-        from upslope.train.async_pipe import RolloutPipe, staleness_warning
+        from upslope.train.async_pipe import RolloutPipe
 
-        if (note := staleness_warning(self.cfg)) is not None:
-            self.report.warn(note)
         pipe = RolloutPipe(self.cfg, self.task, self.runtime.tokenizer.pad_token_id, self.start_step,
                            warn=self.report.warn)
         pipe.restore(getattr(self, "_pipe_pending", {}), lambda s: self.sampling_params(s, 0))

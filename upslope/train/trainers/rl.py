@@ -12,6 +12,7 @@ from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
+from upslope.train.async_pipe import staleness_warning
 from upslope.train.learner.objectives import RLObjective, several_passes
 from upslope.train.learner.stream import Prepared, StreamedUpdate
 from upslope.train.loop import BaseTrainer, seed_step
@@ -151,11 +152,15 @@ class Trainer(BaseTrainer):
     # ------------------------------------------------------------------ stages wired
 
     def start_pipe(self) -> Any:
+        """The rollout workers; says whether the update streams, and warns when stale samples would go
+        uncorrected (this method's loss is the one that reads algo.correction)."""
         pipe = super().start_pipe()
         if pipe is not None:
             why = stream_blocker(self.cfg, self.sampler)
             self.report.note("pipeline: the learner forwards groups as they arrive (pipeline.stream)" if why is None
                              else f"pipeline: the learner waits for each whole batch: {why}")
+            if (note := staleness_warning(self.cfg)) is not None:
+                self.report.warn(note)
         return pipe
 
     def stream_for(self, step: int) -> StreamedUpdate | None:
