@@ -97,3 +97,27 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_p
     assert (saved / ("adapter_config.json" if cfg.lora.enabled else "config.json")).exists()
     if recipe.stem == "gdpo":  # each component's group-normalised advantage is logged
         assert {"adv_component/correct/mean_abs", "adv_component/number_first/mean_abs"} <= rows[-1].keys()
+
+
+LENGTH_PENALISED = [r for r in RECIPES if any(s.name == "overlong_penalty" for s in load_config(r, []).reward)]
+
+
+@pytest.mark.parametrize("recipe", LENGTH_PENALISED, ids=[r.stem for r in LENGTH_PENALISED])
+def test_a_length_penalty_leaves_the_tasks_usual_right_reply_alone(recipe, tokenizer):
+    """A recipe's length penalty must sit past the task's natural right reply ("9 * 6 = 54" and its end
+    token: 9 tokens): when it does not, it fights the correctness reward (dapo.yaml with 8 new tokens
+    penalised every such reply by -1 and fell back to 60.5% after learning the task)."""
+    from upslope.data import load_examples
+    from upslope.registry import REWARDS
+
+    cfg = load_config(recipe, [])
+    assert cfg.data.task == "arith", "extend this test with the new task's usual right reply"
+    spec = next(s for s in cfg.reward if s.name == "overlong_penalty")
+    penalty = REWARDS.bind(spec.name, spec.options)
+    correct = REWARDS.bind(cfg.reward[0].name, cfg.reward[0].options)
+    for ex in load_examples(cfg.data, "test")[:200]:
+        reply = f"{ex.meta['a']} {ex.meta['op']} {ex.meta['b']} = {ex.answer}"
+        tokens = len(tokenizer(reply, add_special_tokens=False)["input_ids"]) + 1  # and the end token
+        assert correct(reply, ex.answer, {}) == 1.0
+        meta = {"completion_tokens": tokens, "max_new_tokens": cfg.rollout.max_new_tokens}
+        assert tokens <= cfg.rollout.max_new_tokens and penalty(reply, ex.answer, meta) == 0.0, (reply, tokens)
