@@ -124,7 +124,8 @@ class AlgoConfig(Section):
     kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
-    correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off")
+    correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off, "
+                                                                 "except with stale samples (pipeline.stale_correction)")
     discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "
                                                 "discrepancy; None: off")
     accept: AcceptConfig | None = opt(None, "MIPU: veto an update whose sampler-side proxy does not improve; "
@@ -322,6 +323,11 @@ class Config(Section):
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
         self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
+        stale = self.pipeline.max_staleness > 0 and self.pipeline.stale_correction == "token"
+        if stale and self.algo.correction is None:
+            # samples up to max_staleness versions old are off-policy: without a correction the loss treats them as
+            # on-policy (max_staleness=2 lost 15-25 points of held-out accuracy; docs/distributed.md)
+            self.algo.correction = CorrectionConfig(level="token", cap=2.0)
         if self.train.precision == "float32" and self.model.dtype != "float32":
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self

@@ -52,15 +52,26 @@ def test_unknown_dist_key_is_an_error():
         load_config(None, ["dist.procs=2"])
 
 
-def test_stale_samples_without_a_correction_get_one_warning_line():
+def test_stale_samples_are_corrected_by_default_and_warned_about_when_the_user_turns_that_off():
     from upslope.train.async_pipe import staleness_warning
 
-    assert staleness_warning(load_config(None, ["dist.rollout_workers=1"])) is None  # synchronous
-    note = staleness_warning(load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2"]))
+    sync = load_config(None, ["dist.rollout_workers=1"])
+    assert sync.algo.correction is None and staleness_warning(sync) is None
+    stale = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2"])
+    assert stale.algo.correction is not None
+    assert (stale.algo.correction.level, stale.algo.correction.cap, stale.algo.correction.mask_low) == ("token", 2.0, None)
+    assert staleness_warning(stale) is None
+    # a correction the user set is kept as it is
+    own = load_config(None, ["pipeline.max_staleness=1", "algo.correction={level: sequence, cap: 3.0}"])
+    assert (own.algo.correction.level, own.algo.correction.cap) == ("sequence", 3.0)
+    # turned off: no correction, one warning line, and the setting it names silences it again
+    off = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2",
+                             "pipeline.stale_correction=uncorrected"])
+    assert off.algo.correction is None
+    note = staleness_warning(off)
     assert note is not None and "\n" not in note
-    assert "max_staleness=2" in note and "algo.correction" in note
-    # the override the line suggests is valid and silences it
-    suggested = note.split("set ", 1)[1].split(" to reweight")[0]
-    fixed = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2", suggested.replace("'", "")])
-    assert fixed.algo.correction is not None and fixed.algo.correction.cap == 2.0
-    assert staleness_warning(fixed) is None
+    assert "max_staleness=2" in note and "stale_correction=uncorrected" in note
+    suggested = note.split("set ", 1)[1].split(" (the default)")[0]
+    fixed = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2", "pipeline.stale_correction=uncorrected",
+                               suggested])
+    assert fixed.algo.correction is not None and staleness_warning(fixed) is None

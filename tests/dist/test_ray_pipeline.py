@@ -121,15 +121,17 @@ def test_worker_killed_is_restarted_and_no_step_is_lost(ray_cluster, tiny_model_
 
     out = tmp_path / "kill"
     trainer = run(overrides(tiny_model_path, out, "train.steps=4", "dist.rollout_workers=1",
-                            "pipeline.max_staleness=1", "pipeline.chunk_groups=1"), during=kill_once)
+                            "pipeline.max_staleness=1", "pipeline.chunk_groups=1", "pipeline.stale_correction=uncorrected"),
+                  during=kill_once)
     assert killed, "the worker was never seen generating"
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2, 3, 4]
     assert r[-1]["pipeline/restarts"] == 1 and trainer.pipe is None
     err = capsys.readouterr().err
     assert "rollout worker 0 died" in err
-    # the RL trainer warns once it has workers (rich wraps the line at the console width)
-    assert "pipeline.max_staleness=1 without algo.correction" in " ".join(err.split())
+    # stale samples left uncorrected by choice: the RL trainer warns once it has workers (rich wraps the
+    # line at the console width)
+    assert "pipeline.max_staleness=1 with pipeline.stale_correction=uncorrected" in " ".join(err.split())
     lags = {k for x in r for k in x if k.startswith("pipeline/lag_")}
     assert lags <= {"pipeline/lag_0", "pipeline/lag_1"}
 
@@ -204,6 +206,8 @@ def test_two_workers_share_the_jobs_and_the_learner_streams(ray_cluster, tiny_mo
     assert {k for x in r for k in x if k.startswith("pipeline/lag_")} <= {"pipeline/lag_0", "pipeline/lag_1"}
     assert sum(x["pipeline/streamed_groups"] for x in r) > 0
     assert any(x["pipeline/weight_load_s"] > 0 for x in r)
+    # stale samples are reweighted by default (pipeline.stale_correction=token): the TIS term ran every step
+    assert all("tis/capped_frac" in x for x in r)
     events = [json.loads(x) for x in (out / "timeline.jsonl").read_text().splitlines()]
     loads = {e["who"] for e in events if e.get("kind") == "load"}
     assert loads == {"worker0", "worker1"}
