@@ -273,15 +273,23 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+RUN_INPUTS = ("upslope", "recipes", "pyproject.toml")  # what a run's result depends on (docs do not)
+
+
 def git_head() -> str:
-    """The commit the runs are made at (with '+dirty' for uncommitted changes), part of a run's stamp."""
+    """The version of the code the runs are made with: git's hash of RUN_INPUTS at HEAD (with '+dirty' when
+    they have uncommitted changes), part of a run's stamp. A commit that touches only docs or results keeps
+    it, so the shared baselines stay reusable while rows are written up."""
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout
+        tree = subprocess.run(["git", "-C", str(ROOT), "rev-parse", *(f"HEAD:{p}" for p in RUN_INPUTS)],
+                              capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--",
+                                *RUN_INPUTS], capture_output=True, text=True).stdout
     except OSError:
         return "unknown"
-    return head.strip() + ("+dirty" if dirty.strip() else "")
+    if tree.returncode != 0:
+        return "unknown"
+    return hashlib.sha1(tree.stdout.encode()).hexdigest()[:16] + ("+dirty" if dirty.strip() else "")
 
 
 def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,

@@ -125,6 +125,34 @@ def test_a_finished_identical_run_is_reused(tmp_path):
     assert base != rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 30, ["a=1"], 0)
 
 
+def test_the_run_stamp_follows_the_code_not_the_docs(tmp_path, monkeypatch):
+    """A commit touching only docs keeps the stamp (shared baselines stay reusable while rows are written
+    up); an uncommitted or committed change to the package or a recipe changes it."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    for path, text in {"upslope/a.py": "x = 1\n", "recipes/r.yaml": "a: 1\n", "pyproject.toml": "[x]\n",
+                       "docs/d.md": "one\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    monkeypatch.setattr(rp, "ROOT", tmp_path)
+    first = rp.git_head()
+    assert first != "unknown" and not first.endswith("+dirty")
+    (tmp_path / "docs/d.md").write_text("two\n")
+    assert rp.git_head() == first  # an uncommitted docs edit
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "docs")
+    assert rp.git_head() == first  # a docs commit
+    (tmp_path / "recipes/r.yaml").write_text("a: 2\n")
+    assert rp.git_head() == first + "+dirty"
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "recipe")
+    assert rp.git_head() not in (first, first + "+dirty")
+
+
 def test_a_mean_metric_averages_every_record(tmp_path):
     f = tmp_path / "metrics.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [{"step": 1, "mismatch": 0.1}, {"step": 2, "mismatch": 0.3},
