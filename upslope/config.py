@@ -124,6 +124,10 @@ class AlgoConfig(Section):
     kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
+    old_policy: Literal["learner", "sampler"] = opt(
+        "learner", "what the policy loss's ratio is taken against: learner = the learner's weights before this "
+                   "batch's update (ratio 1 with one update per batch); sampler = the engine's log-probs, the "
+                   "policy that generated the samples (the clip then bounds the update for stale samples)")
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off, "
                                                                  "except with stale samples (pipeline.stale_correction)")
     discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "

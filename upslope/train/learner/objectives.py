@@ -268,7 +268,10 @@ class RLObjective(Objective):
     def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
              gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
         algo, mask = self.algo, mb.loss_mask
-        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        if algo.old_policy == "sampler":  # behaviour-policy ratio: the weights that generated the samples
+            old = mb.sampler_logprobs
+        else:
+            old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
         per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask, **self.stats)
         metrics = dict(metrics)
         if algo.correction is not None:
