@@ -124,10 +124,11 @@ class AlgoConfig(Section):
     kl_target: float | None = opt(None, "adaptive KL: target KL per token (None: fixed kl_coef)", gt=0)
     kl_horizon: int = opt(10000, "adaptive KL: horizon in samples", ge=1)
     entropy_coef: float = opt(0.0, "entropy bonus: subtract coef x token entropy from the loss (0: off)", ge=0)
-    old_policy: Literal["learner", "sampler"] = opt(
-        "learner", "what the policy loss's ratio is taken against: learner = the learner's weights before this "
-                   "batch's update (ratio 1 with one update per batch); sampler = the engine's log-probs, the "
-                   "policy that generated the samples (the clip then bounds the update for stale samples)")
+    old_policy: Literal["auto", "learner", "sampler"] = opt(
+        "auto", "what the policy loss's ratio is taken against: learner = the learner's weights before this "
+                "batch's update (ratio 1 with one update per batch); sampler = the engine's log-probs, the policy "
+                "that generated the samples (the clip then bounds the update of stale samples); auto = sampler "
+                "when pipeline.max_staleness > 0 and pipeline.stale_correction=clip, else learner")
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off, "
                                                                  "except with stale samples (pipeline.stale_correction)")
     discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "
@@ -327,14 +328,20 @@ class Config(Section):
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
         self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
-        stale = self.pipeline.max_staleness > 0 and self.pipeline.stale_correction == "token"
-        if stale and self.algo.correction is None:
-            # samples up to max_staleness versions old are off-policy: without a correction the loss treats them as
-            # on-policy (max_staleness=2 lost 15-25 points of held-out accuracy; docs/distributed.md)
-            self.algo.correction = CorrectionConfig(level="token", cap=2.0)
+        self._bound_stale_samples()
         if self.train.precision == "float32" and self.model.dtype != "float32":
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
+
+    def _bound_stale_samples(self) -> None:
+        """With max_staleness > 0, samples come from weights up to that many versions old; with one update per
+        batch the ratio against the learner's own log-probs is 1, so nothing would bound their update
+        (max_staleness=2 lost 15-25 points of held-out accuracy; docs/distributed.md). Options set by hand win."""
+        stale = self.pipeline.max_staleness > 0
+        if self.algo.old_policy == "auto":
+            self.algo.old_policy = "sampler" if stale and self.pipeline.stale_correction == "clip" else "learner"
+        if stale and self.pipeline.stale_correction == "token" and self.algo.correction is None:
+            self.algo.correction = CorrectionConfig(level="token", cap=2.0)
 
     def __eq__(self, other: object) -> bool:
         """Equal options are equal configs, however they were reached (`auto` or written out)."""
@@ -391,6 +398,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     `a.b.c=value` overrides; validate into a Config."""
     defaults = Config().model_dump(mode="json")
     defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
+    defaults["algo"]["old_policy"] = "auto"  # derived from the pipeline after merging (_bound_stale_samples)
     for key in AUTO_KEYS:  # decided from the hardware after merging (explicit values win)
         section, name = key.split(".")
         defaults[section][name] = "auto"

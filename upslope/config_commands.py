@@ -135,9 +135,10 @@ class PipelineConfig(Section):
     chunk_groups: int = opt(0, "prompt groups per worker job, handed to the learner as each job completes "
                                "(0: a whole rollout round per job, as the synchronous loop generates it)", ge=0)
     queue_depth: int = opt(2, "jobs queued on each worker at once (keeps it busy while the learner updates)", ge=1)
-    stale_correction: Literal["token", "uncorrected"] = opt(
-        "token", "when max_staleness > 0 and algo.correction is not set: token = reweight samples by token-level "
-                 "TIS (cap 2) against the sampler's log-probs; uncorrected = train them as on-policy (warned)")
+    stale_correction: Literal["clip", "token", "uncorrected"] = opt(
+        "clip", "what bounds the update of samples up to max_staleness versions old (max_staleness > 0): clip = take "
+                "the loss's ratio against the sampler's log-probs (algo.old_policy=sampler, unless set); token = "
+                "token-level TIS, cap 2 (algo.correction, unless set); uncorrected = neither (warned)")
     stream: bool = opt(True, "while waiting for a step's groups, forward and backward those that have arrived "
                              "(the update equals the whole-batch one up to float rounding; methods with "
                              "batch-level steps wait for the whole batch)")

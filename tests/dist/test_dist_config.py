@@ -52,26 +52,32 @@ def test_unknown_dist_key_is_an_error():
         load_config(None, ["dist.procs=2"])
 
 
-def test_stale_samples_are_corrected_by_default_and_warned_about_when_the_user_turns_that_off():
+def test_stale_samples_are_bounded_by_default_and_warned_about_when_the_user_turns_that_off():
     from upslope.train.async_pipe import staleness_warning
 
     sync = load_config(None, ["dist.rollout_workers=1"])
-    assert sync.algo.correction is None and staleness_warning(sync) is None
+    assert sync.algo.old_policy == "learner" and sync.algo.correction is None and staleness_warning(sync) is None
+    # the default: the loss's ratio against the sampler's log-probs, so the clip bounds stale samples
     stale = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2"])
-    assert stale.algo.correction is not None
-    assert (stale.algo.correction.level, stale.algo.correction.cap, stale.algo.correction.mask_low) == ("token", 2.0, None)
+    assert stale.algo.old_policy == "sampler" and stale.algo.correction is None
     assert staleness_warning(stale) is None
-    # a correction the user set is kept as it is
-    own = load_config(None, ["pipeline.max_staleness=1", "algo.correction={level: sequence, cap: 3.0}"])
+    # token-level TIS instead
+    tis = load_config(None, ["pipeline.max_staleness=2", "pipeline.stale_correction=token"])
+    assert tis.algo.old_policy == "learner"
+    assert (tis.algo.correction.level, tis.algo.correction.cap, tis.algo.correction.mask_low) == ("token", 2.0, None)
+    # what the user set is kept as it is
+    own = load_config(None, ["pipeline.max_staleness=1", "pipeline.stale_correction=token",
+                             "algo.correction={level: sequence, cap: 3.0}"])
     assert (own.algo.correction.level, own.algo.correction.cap) == ("sequence", 3.0)
-    # turned off: no correction, one warning line, and the setting it names silences it again
+    mine = load_config(None, ["pipeline.max_staleness=1", "algo.old_policy=learner"])
+    assert mine.algo.old_policy == "learner"
+    # turned off: nothing bounds them, one warning line, and the setting it names silences it again
     off = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2",
                              "pipeline.stale_correction=uncorrected"])
-    assert off.algo.correction is None
+    assert off.algo.old_policy == "learner" and off.algo.correction is None
     note = staleness_warning(off)
-    assert note is not None and "\n" not in note
-    assert "max_staleness=2" in note and "stale_correction=uncorrected" in note
+    assert note is not None and "\n" not in note and "max_staleness=2" in note
     suggested = note.split("set ", 1)[1].split(" (the default)")[0]
-    fixed = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2", "pipeline.stale_correction=uncorrected",
-                               suggested])
-    assert fixed.algo.correction is not None and staleness_warning(fixed) is None
+    fixed = load_config(None, ["dist.rollout_workers=1", "pipeline.max_staleness=2", suggested])
+    assert fixed.algo.old_policy == "sampler" and staleness_warning(fixed) is None
+    assert staleness_warning(mine) is not None  # the user's own choice, unbounded: still said once

@@ -23,15 +23,16 @@ from upslope.train.collect import Task
 
 
 def staleness_warning(cfg: Config) -> str | None:
-    """One line when samples may lag the learner and nothing reweights them (no algo.correction and
-    `pipeline.stale_correction=uncorrected`): they are then trained as if on-policy (on the default task,
-    max_staleness=2 without a correction lost 15-25 points of held-out accuracy; docs/distributed.md)."""
+    """One line when samples may lag the learner and nothing bounds their update (`pipeline.stale_correction=
+    uncorrected`, the ratio against the learner's own log-probs and no algo.correction): they are then trained as
+    if on-policy (on the default task, max_staleness=2 that way lost 15-25 points of held-out accuracy;
+    docs/distributed.md)."""
     k = cfg.pipeline.max_staleness
-    if k == 0 or cfg.algo.correction is not None:
+    if k == 0 or cfg.algo.correction is not None or cfg.algo.old_policy == "sampler":
         return None
-    return (f"pipeline.max_staleness={k} with pipeline.stale_correction=uncorrected and no algo.correction: "
-            f"samples up to {k} weight versions old are trained as if on-policy; set "
-            f"pipeline.stale_correction=token (the default) to reweight them (docs/distributed.md)")
+    return (f"pipeline.max_staleness={k} with the ratio against the learner's own log-probs and no algo.correction: "
+            f"samples up to {k} weight versions old are trained as if on-policy; set pipeline.stale_correction=clip "
+            f"(the default) to bound their update (docs/distributed.md)")
 
 
 class RolloutPipe:
