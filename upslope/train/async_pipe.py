@@ -32,7 +32,7 @@ def staleness_warning(cfg: Config) -> str | None:
         return None
     return (f"pipeline.max_staleness={k} with the ratio against the learner's own log-probs and no algo.correction: "
             f"samples up to {k} weight versions old are trained as if on-policy; set pipeline.stale_correction=clip "
-            f"(the default) to bound their update (docs/distributed.md)")
+            f"(the default) to bound their update, and leave algo.old_policy unset (docs/distributed.md)")
 
 
 class RolloutPipe:
