@@ -23,6 +23,8 @@ teacher's is kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -292,12 +294,32 @@ def git_head() -> str:
     return hashlib.sha1(tree.stdout.encode()).hexdigest()[:16] + ("+dirty" if dirty.strip() else "")
 
 
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock on `path` (created if missing): reproductions run side by side wait for
+    each other's shared runs instead of clearing a directory another process is writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,
             keep_checkpoints: bool = False) -> tuple[dict[str, float], bool]:
     """({metric: value}, reused): a finished run of the identical command at the same commit in `run_dir`
     is reused (baselines are shared by every method's row); otherwise the directory is cleared and the
     arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay) unless
-    `keep_checkpoints` (a distillation teacher)."""
+    `keep_checkpoints` (a distillation teacher). A second process asking for the same directory waits
+    for the first and then reuses its run."""
+    with locked(run_dir.parent / f".{run_dir.name}.lock"):
+        return _run_arm_unlocked(cmd, run_dir, metrics, fresh, keep_checkpoints)
+
+
+def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool,
+                      keep_checkpoints: bool) -> tuple[dict[str, float], bool]:
     stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
     read = lambda: {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}  # noqa: E731
     if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
@@ -444,8 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
     row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh)
     if row is not None:
-        rows_path.parent.mkdir(parents=True, exist_ok=True)
-        rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")
+        with locked(rows_path.with_name(f".{rows_path.name}.lock")):  # rows finishing side by side
+            rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")
         print(json.dumps(row))
     return 0
 

@@ -125,6 +125,29 @@ def test_a_finished_identical_run_is_reused(tmp_path):
     assert base != rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 30, ["a=1"], 0)
 
 
+def test_two_processes_asking_for_one_shared_run_make_it_once(tmp_path):
+    """Two reproductions side by side that share a baseline directory: the second waits for the first's
+    run (a real subprocess that takes a moment and counts its launches) and reuses it."""
+    import threading
+
+    run_dir, launches = tmp_path / "baselines" / "headroom" / "seed0", tmp_path / "launches"
+    code = ("import json, pathlib, time; time.sleep(0.5); "
+            f"open({str(launches)!r}, 'a').write('x'); p = pathlib.Path({str(run_dir)!r}); "
+            "p.mkdir(parents=True, exist_ok=True); "
+            "(p / 'metrics.jsonl').write_text(json.dumps({'step': 2, 'eval/accuracy': 0.5}) + '\\n')")
+    got: list[tuple[dict[str, float], bool]] = []
+    threads = [threading.Thread(target=lambda: got.append(rp.run_arm([sys.executable, "-c", code], run_dir,
+                                                                     ["eval/accuracy"])))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert launches.read_text() == "x"
+    assert sorted(reused for _, reused in got) == [False, True]
+    assert all(values == {"eval/accuracy": 0.5} for values, _ in got)
+
+
 def test_the_run_stamp_follows_the_code_not_the_docs(tmp_path, monkeypatch):
     """A commit touching only docs keeps the stamp (shared baselines stay reusable while rows are written
     up); an uncommitted or committed change to the package or a recipe changes it."""
