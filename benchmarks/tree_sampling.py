@@ -1,8 +1,8 @@
-"""What a TreeRPO / CATPO tree rollout costs the HF engine against plain sampling: one step's rollout of the
-headroom task (recipes/headroom.yaml prompts through its chat template) on the embedded SmolLM2-135M, with
-the same number of leaves per prompt, arms interleaved, median of the repeats.
+"""What a TreeRPO / CATPO tree rollout costs an engine (HF or vLLM) against plain sampling: one step's rollout
+of the headroom task (recipes/headroom.yaml prompts through its chat template) on the embedded SmolLM2-135M,
+with the same number of leaves per prompt, arms interleaved, median of the repeats.
 
-    python benchmarks/tree_sampling.py [--prompts 8] [--n 8] [--tokens 8] [--repeats 3] [--threads 1]
+    python benchmarks/tree_sampling.py [--engine hf|vllm] [--prompts 8] [--n 8] [--tokens 8] [--repeats 3] [--threads 1]
 
 Reported per arm: seconds per rollout call, leaf tokens/s (completion tokens of the batch the learner gets,
 shared prefixes counted in every leaf) and sampled tokens/s (tokens the engine generated).
@@ -21,6 +21,7 @@ from upslope.models import load_tokenizer, resolve_model
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import SamplingParams
 from upslope.rollout.hf import HFEngine
+from upslope.rollout.vllm import VLLMEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,13 +33,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine (0: fitted to free cores)")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the rollout engine (fp32 either way)")
     a = ap.parse_args()
     cfg = load_config(ROOT / "recipes" / "headroom.yaml", ["run_dir=/tmp/tree_sampling"])
     path = resolve_model("smollm2-135m-instruct")
     tok = load_tokenizer(path, cfg.model.chat_template)
     examples = load_examples(cfg.data, "train")[:a.prompts]
     ids, _ = encode_prompts(examples, tok)
-    engine = HFEngine(path, tok, dtype="float32", batch_size=64, threads=a.threads)
+    if a.engine == "vllm":  # its prefix cache reuses the KV of the prompt and of a tree's shared prefixes
+        engine = VLLMEngine(path, tok, dtype="float32", threads=a.threads, max_model_len=512, kv_cache_gb=0.5)
+    else:
+        engine = HFEngine(path, tok, dtype="float32", batch_size=64, threads=a.threads)
     arms = {"plain": ROLLOUTS.bind("single_turn"),
             "tree (treerpo.yaml)": ROLLOUTS.bind("tree", {"branches": 2, "depths": [1, 2]}),
             "tree + healing (catpo.yaml)": ROLLOUTS.bind("tree", {"branches": 2, "depths": [1, 2], "heal_leaves": 2})}
@@ -53,7 +58,7 @@ def main() -> None:
             sampled = sum(m.get("metrics", {}).get("tree/sampled_tokens", m["completion_tokens"]) for m in b.meta)
             runs[name].append((s, leaf, sampled))
             print(f"repeat {r} {name}: {s:.2f} s, {leaf:.0f} leaf tokens, {sampled:.0f} sampled", flush=True)
-    print(f"{a.prompts} prompts x {a.n} leaves, {a.tokens} new tokens, HF engine fp32, {a.threads} thread(s), "
+    print(f"{a.prompts} prompts x {a.n} leaves, {a.tokens} new tokens, {a.engine} engine fp32, {a.threads} thread(s), "
           f"median of {a.repeats}")
     for name, v in runs.items():
         sec = statistics.median(x[0] for x in v)
