@@ -64,6 +64,13 @@ def test_row_and_render():
     assert "| 60 x 3 | 0.50 h | `python benchmarks/reproduce.py cero` |" in lines[0]
     assert "| ads " in page and "| not reproduced |" in page
     assert "Total CPU time of these rows: 1.00 h (3600 s" in page
+    assert "2 rows (2 methods): 1 reproduced, 1 not reproduced, 0 inconclusive." in page
+    assert page.index("| cero ") < page.index("| ads ")  # in the order of METHODS, not of the runs
+    # a row of another protocol (steps) is shown beside the method's earlier one, not instead of it
+    short = {**row, "steps": 10, "cpu_s": 900.0, "verdict": "inconclusive"}
+    page = rp.render([old, row, other, short])
+    assert [x.split(" | ")[7] for x in page.splitlines() if x.startswith("| cero ")] == ["10 x 3", "60 x 3"]
+    assert "3 rows (2 methods): 1 reproduced, 1 not reproduced, 1 inconclusive." in page
     assert "No reproduction has run yet" in rp.render([])
 
 
