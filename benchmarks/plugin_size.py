@@ -48,6 +48,7 @@ HOOKS = {
     "arca": ["upslope.train.learner.salience:adapter_residual"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
+    "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
 }
 # infrastructure a recipe names that no seed method wrote: the task's verifier and the multi-turn agent loop
 REUSED = {("reward", "integer"), ("reward", "env"), ("rollout", "multi_turn")}
@@ -192,6 +193,9 @@ WHY = {
                "healing shares the rollout module",
     "catpo": "TreeRPO's tree rollout and credit, plus the critique-guided healing of all-fail trees and the "
              "informativeness weighting",
+    "jf_hpo": "a command, not a plugin: `upslope sweep` parses and validates the search space against the "
+              "config, runs successive halving over subprocess trials resumed from their checkpoints, keeps a "
+              "crash-safe state a killed sweep resumes from, and writes the results table and best.yaml",
 }
 
 

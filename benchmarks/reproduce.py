@@ -8,7 +8,8 @@ Arms are interleaved (seed 0: method, baseline; seed 1: ...) and an arm's seed S
 `train.seed=S engine.seed=S`, so both arms see the same prompts per seed. Each arm is one
 `upslope train` (or the claim's `command`, e.g. `distill`; a distillation claim first trains its
 teacher recipe once, seed 0, and gives both arms that run as `distill.teacher`; a claim's
-`baseline_command` runs its baseline arm when that differs, e.g. `randopt` against `train`). A metric is read
+`baseline_command` runs its baseline arm when that differs, e.g. `randopt` against `train`; a search claim first runs `upslope sweep` over its recipe, seed 0, and its
+method arm trains the sweep's best.yaml). A metric is read
 from each run's metrics.jsonl: `KEY` is its last record holding KEY (e.g. the final eval/accuracy),
 `mean:KEY` the mean over every record holding it (a step metric over the run, e.g. mean:mismatch).
 A claim's further metrics (`also`, e.g. accuracy beside a calibration error) get the same interval
@@ -52,7 +53,9 @@ class Claim:
     """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction,
     overrides both arms run with (e.g. sampled evaluation for a pass@k metric), further (metric,
     direction) pairs reported beside the claim (`also`), the upslope command the arms run, and for a
-    distillation claim the recipe of the teacher trained first."""
+    distillation claim the recipe of the teacher trained first; for a search claim (JF-HPO) the flags of the
+    `upslope sweep` run first over the method's recipe ({steps} and {first_rung} are filled in), whose
+    best.yaml the method arm then trains."""
 
     recipe: str
     baseline: str
@@ -64,6 +67,7 @@ class Claim:
     command: str = "train"
     teacher: str | None = None
     baseline_command: str | None = None  # the baseline arm's command when it differs (randopt against train)
+    sweep: tuple[str, ...] = ()
 
     def metrics(self) -> list[tuple[str, str]]:
         """(metric, direction) of the claim, then of `also`."""
@@ -152,6 +156,13 @@ METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, n
     "corp": Claim("corp", "headroom", "eval/accuracy", "higher",
                   "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt",
                   baseline_command="train"),
+})
+METHODS.update({  # hyperparameter search (issue 21, part 2): the sweep's best learning rate against the recipe's
+    "jf_hpo": Claim("headroom", "headroom", "eval/accuracy", "higher",
+                    "Efficient Hyperparameter Optimization for LLM Reinforcement Learning (JF-HPO): multi-fidelity "
+                    "search with early stopping and checkpoint reuse",
+                    sweep=("--space", "optim.lr=5e-6,1e-5,2e-5,4e-5,8e-5,1.6e-4", "--budget", "6",
+                           "--rungs", "{first_rung},{steps}", "--eta", "3", "--metric", "eval/accuracy")),
 })
 METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
@@ -250,10 +261,15 @@ def row_for(method: str, claim: Claim, values: dict[str, dict[str, list[float]]]
 # ---------------------------------------------------------------- runs
 
 
+def recipe_path(recipe: str) -> str:
+    """A recipe's file: a name from recipes/, or a path to a YAML file (a sweep's best.yaml)."""
+    return recipe if recipe.endswith(".yaml") else str(ROOT / "recipes" / f"{recipe}.yaml")
+
+
 def arm_command(recipe: str, seed: int, steps: int, run_dir: Path, extra: Sequence[str],
                 command: str = "train") -> list[str]:
     """`upslope COMMAND` (train, distill, randopt) of one arm at one seed (the same prompts per seed in both arms)."""
-    return [sys.executable, "-m", "upslope.cli", command, str(ROOT / "recipes" / f"{recipe}.yaml"),
+    return [sys.executable, "-m", "upslope.cli", command, recipe_path(recipe),
             f"train.seed={seed}", f"engine.seed={seed}", f"train.steps={steps}", f"run_dir={run_dir}",
             *RUN_FLAGS, *extra]
 
@@ -339,6 +355,37 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
     return read(), False
 
 
+def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], fresh: bool = False,
+              dry_run: bool = False) -> tuple[dict[str, Any], bool]:
+    """Run (or reuse, like an arm) a search claim's `upslope sweep` over its recipe; (its summary, reused). The
+    summary's `recipe` is a copy of best.yaml named by its content, so a changed best point is a new arm."""
+    flags = [f.format(steps=steps, first_rung=max(1, steps // 3)) for f in claim.sweep]
+    cmd = [sys.executable, "-m", "upslope.cli", "sweep", recipe_path(claim.recipe), *flags, "--out", str(sweep_dir),
+           "log.tensorboard=false", *extra]
+    if dry_run:
+        print(shlex.join(cmd))
+        return {"recipe": str(sweep_dir / "best.yaml")}, False
+    stamp_file, stamp = sweep_dir.parent / f"{sweep_dir.name}.stamp.json", {"args": cmd[1:], "commit": git_head()}
+    with locked(sweep_dir.parent / f".{sweep_dir.name}.lock"):
+        again = not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp and \
+            (sweep_dir / "results.json").exists()
+        if not again:
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+            stamp_file.unlink(missing_ok=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"the sweep in {sweep_dir} failed: {tail}")
+            stamp_file.write_text(json.dumps(stamp))
+    res = json.loads((sweep_dir / "results.json").read_text())
+    best = (sweep_dir / "best.yaml").read_text()
+    copy = sweep_dir / f"best-{hashlib.sha1(best.encode()).hexdigest()[:10]}.yaml"
+    copy.write_text(best)
+    return {"recipe": str(copy), "point": res["best"]["point"], "value": res["best"]["value"],
+            "steps_trained": res["steps_trained"], "steps_without_early_stopping": res["steps_without_early_stopping"],
+            "trials": len(res["trials"])}, again
+
+
 def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
     """A method arm's run directory; a baseline's is keyed by recipe, steps and overrides, so rows share it."""
     if arm == "method":
@@ -373,6 +420,12 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
             teacher = {"recipe": claim.teacher, "run_dir": str(teacher_dir), **got}
             reused += again
         overrides.append(f"distill.teacher={teacher_dir}")
+    search: dict[str, Any] = {}
+    if claim.sweep:  # searched once (seed 0) with the user's overrides; the method arm trains its best point
+        search, again = run_sweep(claim, steps, work / "sweeps" / f"{method}-{stamp_key(steps, list(extra))}",
+                                  extra, fresh, dry_run)
+        reused += again
+        arms["method"] = search["recipe"]
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
@@ -394,6 +447,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
     if teacher:
         row["teacher"] = teacher
+    if search:
+        row["sweep"] = search
     return row
 
 

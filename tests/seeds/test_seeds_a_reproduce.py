@@ -248,6 +248,12 @@ def test_the_dry_run_of_every_claim(capsys):
             teacher, cmds = cmds[0], cmds[1:]
             assert f" train {ROOT}/recipes/{claim.teacher}.yaml train.seed=0 " in teacher
             assert all(f"distill.teacher=/tmp/w/teachers/{claim.teacher}-" in c for c in cmds)
+        if claim.sweep:  # searched first over the method's recipe; the method arm trains its best point
+            sweep, cmds = cmds[0], cmds[1:]
+            assert f" sweep {ROOT}/recipes/{claim.recipe}.yaml " in sweep and " --rungs 1,3 " in sweep
+            assert all(f"/tmp/w/sweeps/{method}-" in c and c.split()[4].endswith("/best.yaml") for c in cmds[0::2])
+            assert all(f"/{claim.baseline}.yaml" in c for c in cmds[1::2])
+            continue
         assert len(cmds) == 4
         assert all(f" {claim.command_of('method')} " in c for c in cmds[0::2])
         assert all(f" {claim.command_of('baseline')} " in c for c in cmds[1::2])
@@ -315,6 +321,24 @@ def test_tiny_distillation_reproduction_end_to_end(tiny_model_path, tmp_path):
     assert any("distill/arkd_fkl_weight" in r for r in recs)  # the distill command ran the arkd loss
     assert rp.main(args) == 0
     assert json.loads(rows.read_text())[-1]["reused_runs"] == 5
+
+
+@pytest.mark.slow
+def test_tiny_search_reproduction_end_to_end(tiny_model_path, tmp_path):
+    """The jf_hpo claim on the tiny model, 2 steps x 2 seeds: `upslope sweep` over six learning rates with
+    early stopping at step 1, then the best point's recipe against the baseline; a second call reuses all."""
+    rows = tmp_path / "rows.json"
+    _, args = tiny_args("jf_hpo", tiny_model_path, tmp_path, rows)
+    assert rp.main(args) == 0
+    (row,) = json.loads(rows.read_text())
+    sweep = row["sweep"]
+    assert sweep["trials"] == 6 and set(sweep["point"]) == {"optim.lr"}
+    assert sweep["steps_trained"] == 6 * 1 + 2 * 1 < sweep["steps_without_early_stopping"] == 12
+    assert Path(sweep["recipe"]).name.startswith("best-") and "optim:" in Path(sweep["recipe"]).read_text()
+    method_run = tmp_path / "runs" / "jf_hpo" / "method" / "seed0"
+    assert json.loads((method_run / "reproduce_stamp.json").read_text())["args"][3] == sweep["recipe"]
+    assert rp.main(args) == 0
+    assert json.loads(rows.read_text())[-1]["reused_runs"] == 5  # the sweep and the four runs
 
 
 def test_committed_page_is_the_generated_one():
