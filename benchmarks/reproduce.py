@@ -68,6 +68,9 @@ class Claim:
     teacher: str | None = None
     baseline_command: str | None = None  # the baseline arm's command when it differs (randopt against train)
     sweep: tuple[str, ...] = ()
+    # the method arm's schedule scaled to the protocol: overrides of the method arm only, {steps} and {half}
+    # filled in (a replay that starts at step 20 never acts in a 10-step run)
+    scaled: tuple[str, ...] = ()
 
     def metrics(self) -> list[tuple[str, str]]:
         """(metric, direction) of the claim, then of `also`."""
@@ -87,11 +90,12 @@ METHODS: dict[str, Claim] = {
                  "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM RL (ADS)"),
     "boundary_curriculum": Claim("boundary_curriculum", "headroom", "eval/pass@8", "higher",
                                  "Curriculum RL Can Incentivize Reasoning Capacity in LLMs Beyond the Base Model",
-                                 PASS_AT_8),
+                                 PASS_AT_8, scaled=("data.sampler.options.locate_steps={half}",)),
     "replay": Claim("replay", "headroom", "eval/accuracy", "higher",
                     "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
-                    "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)"),
+                    "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)",
+                    scaled=("algo.replay.options.store_steps={half}", "algo.replay.options.replay_from={half}")),
     # issue 20, part B: trust regions and objectives (their claims: better accuracy at equal steps, more
     # stable training; DCMDP also a smaller train/inference discrepancy). MISMATCH is the sampler/learner
     # gap both arms run under: nucleus sampling (top_p 0.9) makes the sampler's log-probs those of the
@@ -429,7 +433,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
-            cmd = arm_command(recipe, seed, steps, run_dir, overrides, claim.command_of(arm))
+            own = [o.format(steps=steps, half=max(1, steps // 2)) for o in claim.scaled] if arm == "method" else []
+            cmd = arm_command(recipe, seed, steps, run_dir, [*overrides, *own], claim.command_of(arm))
             if dry_run:
                 print(shlex.join(cmd))
                 continue
@@ -449,6 +454,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
         row["teacher"] = teacher
     if search:
         row["sweep"] = search
+    if claim.scaled:
+        row["method_overrides"] = [o.format(steps=steps, half=max(1, steps // 2)) for o in claim.scaled]
     return row
 
 

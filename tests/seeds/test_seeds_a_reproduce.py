@@ -260,7 +260,11 @@ def test_the_dry_run_of_every_claim(capsys):
         assert [f"/{claim.recipe}.yaml" in c for c in cmds] == [True, False, True, False]
         assert all(f"/{claim.baseline}.yaml" in c for c in cmds[1::2])
         assert all(all(o in c or shlex.quote(o) in c for o in claim.overrides) for c in cmds)
+        scaled = [o.format(steps=3, half=1) for o in claim.scaled]  # the method arm's schedule, scaled to 3 steps
+        assert all(all(o in c for o in scaled) for c in cmds[0::2])
+        assert not any(o.split("=")[0] in c for o in scaled for c in cmds[1::2])
     assert rp.METHODS["arkd"].command == "distill" and rp.METHODS["drpo"].baseline == "dppo"
+    assert "algo.replay.options.replay_from={half}" in rp.METHODS["rerule"].scaled
     assert rp.METHODS["corp"].command_of("method") == "randopt" and rp.METHODS["corp"].command_of("baseline") == "train"
     assert "rollout.top_p=0.9" in rp.METHODS["dcmdp"].overrides and rp.METHODS["dcmdp"].also == (
         ("mean:mismatch", "lower"),)
