@@ -122,3 +122,20 @@ def test_cli_eval_writes_summary(tiny_model_path, tmp_path, capsys):
     assert summary["prompts"] == 2 and summary["samples"] == 4 and "pass@2" in summary
     out = capsys.readouterr().out
     assert json.dumps(summary) in out  # the summary is also printed as one JSON line
+
+
+@pytest.mark.parametrize("shaping", [
+    "rollout.kind=tree rollout.options={branches: 2, depths: [1, 2]}",
+    "rollout.kind=denoise rollout.options={share: 1.0, prefix_frac: 0.5, noise: 1.0}",
+    "rollout.kind=espo rollout.options={margin: 0.0, min_tokens: 1}",
+], ids=["tree", "denoise", "espo"])
+def test_a_training_time_rollout_shaping_leaves_evaluation_plain(shaping, tiny_model_path, tmp_path):
+    """Tree branching, noisy prefixes and early stops shape the training samples only: the held-out
+    evaluation of such a run samples plainly, so its samples are those of a single_turn run (greedy, same
+    seed). Before, a tree recipe's final evaluation (eval.n=1) failed and denoise scored corrupted prefixes."""
+    greedy = ("eval.temperature=0", "eval.n=1", "eval.k=[1]", "eval.limit=4")
+    _, plain, plain_samples = run_eval(tiny_model_path, tmp_path / "plain", *greedy)
+    _, shaped, shaped_samples = run_eval(tiny_model_path, tmp_path / "shaped", *greedy, *shaping.split(" ", 1))
+    assert [s["completion"] for s in shaped_samples] == [s["completion"] for s in plain_samples]
+    assert shaped["accuracy"] == plain["accuracy"] and not any(k.startswith(("espo/", "tree/", "denoise/"))
+                                                                for k in shaped)

@@ -79,7 +79,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")
     task = Task(prompt_ids, list(examples), reward_fns, combiner, cfg.reward_fallback)
-    rollout = make_rollout(cfg, runtime.tokenizer)
+    rollout = make_rollout(cfg, runtime.tokenizer, evaluation=True)
     engine = runtime.engine
     clock = StageClock()
     batches: list[Batch] = []

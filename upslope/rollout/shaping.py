@@ -25,7 +25,7 @@ def espo_stop(logprobs: Sequence[float], mu: float, sd: float, *, margin: float,
     return None
 
 
-@ROLLOUTS.register("espo")
+@ROLLOUTS.register("espo", train_only=True)
 def espo_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example],
                  params: SamplingParams, pad_id: int, group_offset: int = 0, *, margin: float = 3.0,
                  min_tokens: int = 2, fail_reward: float = 0.0) -> Batch:
@@ -72,7 +72,7 @@ def noisy_prefix(tokens: Sequence[int], pool: Sequence[int], *, length: int, noi
     return [rng.choice(pool) if pool and rng.random() < noise else t for t in tokens[:length]]
 
 
-@ROLLOUTS.register("denoise")
+@ROLLOUTS.register("denoise", train_only=True)
 def denoise_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example],
                     params: SamplingParams, pad_id: int, group_offset: int = 0, *, share: float = 0.5,
                     prefix_frac: float = 0.5, noise: float = 0.5) -> Batch:

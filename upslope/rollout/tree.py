@@ -89,7 +89,7 @@ def once_masks(trees: list[list[Leaf]]) -> list[list[int]]:
     return masks
 
 
-@ROLLOUTS.register("tree")
+@ROLLOUTS.register("tree", train_only=True)
 def tree_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
                  pad_id: int, group_offset: int = 0, *, branches: int = 2, depths: list[int] = [1, 2],  # noqa: B006
                  points: Literal["fixed", "entropy"] = "fixed",
