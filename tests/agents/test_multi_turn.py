@@ -173,3 +173,19 @@ def test_tools_go_through_the_template_when_it_takes_them(tokenizer):
     plain = AgentRun(cfg, tokenizer).start(example, 0)
     assert plain.history[0]["role"] == "system" and "<tool_call>" in plain.history[0]["content"]
     assert '"name": "calculator"' in tokenizer.decode(plain.prompt)
+
+
+def test_without_guidance_a_hinted_answer_ends_the_trajectory(tokenizer, hf_engine):
+    """guidance=False (evaluation): the turn the environment would answer with a hint ends the trajectory
+    with what it earned unaided (here nothing), no hint text, no second turn."""
+    cfg = AgentConfig(env=Plugin(name="hint_test"), max_turns=3, max_turn_tokens=4, hint_decay=0.25)
+    params = SamplingParams(n=2, max_new_tokens=64, seed=0)
+    guided = multi_turn(hf_engine, [], arith(count=1), params, 2, run=AgentRun(cfg, tokenizer))
+    plain = multi_turn(hf_engine, [], arith(count=1), params, 2, run=AgentRun(cfg, tokenizer, guidance=False))
+    assert [m["reward_parts"] for m in plain.meta] == [{"correct": 0.0}] * 2
+    assert [m["metrics"]["agent/turns"] for m in plain.meta] == [1.0, 1.0]
+    assert [m["metrics"]["agent/hints"] for m in plain.meta] == [0.0, 0.0]
+    assert all("Try again." not in m["transcript"] for m in plain.meta)
+    assert bool((plain.loss_mask[:, int(plain.prompt_lens[0]):].sum(1) == plain.completion_lens).all())
+    first_turn = [m["transcript"].split("<|im_end|>")[0] for m in guided.meta]  # the same first answer
+    assert [m["transcript"].split("<|im_end|>")[0] for m in plain.meta] == first_turn

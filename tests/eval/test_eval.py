@@ -139,3 +139,17 @@ def test_a_training_time_rollout_shaping_leaves_evaluation_plain(shaping, tiny_m
     assert [s["completion"] for s in shaped_samples] == [s["completion"] for s in plain_samples]
     assert shaped["accuracy"] == plain["accuracy"] and not any(k.startswith(("espo/", "tree/", "denoise/"))
                                                                 for k in shaped)
+
+
+def test_evaluation_gives_no_guidance_after_a_wrong_answer(tiny_model_path, tmp_path):
+    """A SocraticPO run's teacher diagnoses a wrong answer and asks again: help at training time only. Its
+    held-out evaluation scores the first answer unaided (the transcript after the prompt is one model turn, with no guidance), where
+    before a guided second answer counted as correct."""
+    socratic = ("rollout.kind=multi_turn", "rollout.max_new_tokens=128", "agent.max_turns=2", "agent.max_turn_tokens=8",
+                "agent.env={name: socratic, options: {hints: 1}}", "reward=[{name: env, options: {part: correct}}]",
+                "eval.temperature=0", "eval.n=1", "eval.k=[1]", "eval.limit=6")
+    _, summary, samples = run_eval(tiny_model_path, tmp_path, *socratic)
+    assert sum(not s["correct"] for s in samples) > 0  # wrong answers the teacher would have guided
+    for s in samples:
+        assert "is not right" not in s["transcript"] and "<|im_start|>" not in s["transcript"]  # no second turn
+    assert summary["accuracy"] == mean(s["correct"] for s in samples)

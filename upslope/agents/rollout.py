@@ -57,8 +57,9 @@ class AgentRun:
     the tools and format, and the limits (built once per run from the config)."""
 
     def __init__(self, agent: AgentConfig, tokenizer: Any, *, max_prompt_tokens: int = 512,
-                 system_prompt: str | None = None, use_chat_template: bool = True):
+                 system_prompt: str | None = None, use_chat_template: bool = True, guidance: bool = True):
         self.cfg = agent
+        self.guidance = guidance  # False (evaluation): a wrong answer the environment would guide ends the trajectory
         self.tokenizer = tokenizer
         self.make_env: Callable[[], Environment] = ENVIRONMENTS.bind(agent.env.name, agent.env.options,
                                                                      where="agent.env.options")
@@ -71,9 +72,10 @@ class AgentRun:
         self.template_tools = _template_takes_tools(tokenizer)
 
     @classmethod
-    def from_config(cls, cfg: Config, tokenizer: Any) -> "AgentRun":
+    def from_config(cls, cfg: Config, tokenizer: Any, guidance: bool = True) -> "AgentRun":
         return cls(cfg.agent, tokenizer, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-                   system_prompt=cfg.data.system_prompt, use_chat_template=cfg.model.use_chat_template)
+                   system_prompt=cfg.data.system_prompt, use_chat_template=cfg.model.use_chat_template,
+                   guidance=guidance)
 
     def start(self, example: Example, group: int) -> Trajectory:
         """A new trajectory: its environment reset on `example`, its tools offered, its prompt encoded."""
@@ -180,6 +182,9 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     decay = run.cfg.hint_decay ** tr.hints
     for k, v in res.reward_parts.items():
         tr.parts[k] = tr.parts.get(k, 0.0) + decay * float(v)
+    if res.hint and not run.guidance:  # unaided: the wrong answer stands
+        tr.done = True
+        return
     tr.hints += int(res.hint)
     if res.done or tr.turns >= run.cfg.max_turns:
         tr.done = True
@@ -250,9 +255,11 @@ def multi_turn(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequen
                        completion_loss_masks=[t.mask for t in trajs])
 
 
-def build_multi_turn(cfg: Config, tokenizer: Any) -> Callable[..., Batch]:
-    """The multi_turn rollout bound to this run's agent section and tokenizer."""
-    return functools.partial(multi_turn, run=AgentRun.from_config(cfg, tokenizer))
+def build_multi_turn(cfg: Config, tokenizer: Any, evaluation: bool = False) -> Callable[..., Batch]:
+    """The multi_turn rollout bound to this run's agent section and tokenizer. For `evaluation` the
+    environment's guidance after a wrong answer (hints, a teacher's diagnosis) is not given: guidance is
+    training-time help, and the held-out score is what the policy answers unaided (tool calls still run)."""
+    return functools.partial(multi_turn, run=AgentRun.from_config(cfg, tokenizer, guidance=not evaluation))
 
 
 @ROLLOUTS.register("multi_turn", setup=build_multi_turn)

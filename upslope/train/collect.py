@@ -52,16 +52,17 @@ def rollout_fn(kind: str) -> stages.RolloutFn:
 
 
 def make_rollout(cfg: Any, tokenizer: Any, evaluation: bool = False) -> stages.RolloutFn:
-    """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer)` (e.g. multi_turn, which
-    needs the agent section) is built by it; a plain one is bound to `rollout.options`. For `evaluation`,
+    """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer, evaluation)` (e.g. multi_turn,
+    which needs the agent section) is built by it; a plain one is bound to `rollout.options`. For `evaluation`,
     a plugin registered `train_only` (a training-time shaping of the samples: tree branching, noisy
-    prefixes, early stops) gives way to plain sampling, so the held-out score is the policy's own."""
+    prefixes, early stops) gives way to plain sampling, and a setup plugin drops its training-time help
+    (multi_turn: no guidance hints), so the held-out score is the policy's own."""
     entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
     if evaluation and entry.attrs.get("train_only"):
         return ROLLOUTS.bind("single_turn", {}, "rollout.options")
     setup = entry.attrs.get("setup")
     if setup is not None:
-        return setup(cfg, tokenizer)
+        return setup(cfg, tokenizer, evaluation)
     return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
 
