@@ -16,7 +16,8 @@ A claim's further metrics (`also`, e.g. accuracy beside a calibration error) get
 and verdict. The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of
 freedom). Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced
 when it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
-docs/results/reproductions.json with its command and the CPU time of its runs. A finished arm
+docs/results/reproductions.json with its command, the CPU time of its runs and `code`, the version
+stamp of upslope, recipes and pyproject.toml the runs were made with (see git_head). A finished arm
 whose command and commit are unchanged is reused (so one baseline run serves every method's
 row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read (a
 teacher's is kept).
@@ -450,6 +451,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
                           "--seeds", str(len(seeds)), *[f"--set={x}" for x in extra]])
     row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
     row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
+    row["code"] = git_head()  # the version of upslope, recipes and pyproject the runs were made with
     if teacher:
         row["teacher"] = teacher
     if search:

@@ -301,7 +301,9 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
             recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
             assert not (run_dir / "checkpoints").exists()  # deleted once the metric is read
-    assert row["reused_runs"] == 0
+    assert row["reused_runs"] == 0 and row["code"] == rp.git_head()
+    for run_dir in (tmp_path / "runs").glob("**/seed*"):  # the stamp each run was made with
+        assert json.loads((run_dir / "reproduce_stamp.json").read_text())["commit"] == row["code"]
     assert rp.main(args) == 0  # the same command again: every finished arm is reused, none runs
     again = json.loads(rows.read_text())[-1]
     assert again["reused_runs"] == 4 and again["arms"] == row["arms"] and again["cpu_s"] < 5
