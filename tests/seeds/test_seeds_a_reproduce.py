@@ -350,4 +350,25 @@ def test_tiny_search_reproduction_end_to_end(tiny_model_path, tmp_path):
 def test_committed_page_is_the_generated_one():
     """docs/reproductions.md is generated: regenerate with `python benchmarks/reproduce.py --render`."""
     notes = rp.NOTES.read_text() if rp.NOTES.exists() else ""
-    assert rp.DOC.read_text() == rp.render(rp.load_rows(rp.ROWS), notes)
+    assert rp.DOC.read_text() == rp.render(rp.load_rows(rp.ROWS), notes, plot=True)
+    assert (rp.DOC.parent / rp.PLOT).is_file()
+
+
+def test_the_forest_plot_draws_each_latest_row(tmp_path):
+    """plot_rows: a panel per claimed metric, each latest row's difference and interval (accuracy in points),
+    written as a PNG; the page links it when asked."""
+    pytest.importorskip("matplotlib")
+    claim = rp.Claim("cero", "headroom", "eval/accuracy", "higher", "CERO")
+    row = rp.row_for("cero", claim, {"eval/accuracy": {"method": [0.5, 0.52, 0.54], "baseline": [0.3, 0.32, 0.34]}},
+                     steps=10, seeds=[0, 1, 2], command="c", cpu_s=1.0)
+    stale = {**row, "diff": 0.9}
+    ece = {**row, "method": "calibration", "metric": "eval/ece", "direction": "lower", "diff": -0.04,
+           "ci95": [-0.25, 0.17], "verdict": "inconclusive"}
+    out = tmp_path / "results" / "plot.png"
+    drawn = rp.plot_rows([stale, row, ece], out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lo, hi = row["ci95"]
+    assert drawn == {"eval/accuracy": [("cero (10 x 3)", pytest.approx(20.0), pytest.approx(lo * 100),
+                                        pytest.approx(hi * 100))],
+                     "eval/ece": [("calibration (10 x 3)", -0.04, -0.25, 0.17)]}
+    assert f"]({rp.PLOT})" in rp.render([row], plot=True) and rp.PLOT not in rp.render([row])
