@@ -248,7 +248,7 @@ def test_upslope_plugins_lists_every_kind_with_options_help_and_traits(tmp_path,
     for kind in ("advantage", "policy_loss", "kl", "reward", "reward_combiner", "filter", "sampler", "engine",
                  "task", "distill_loss", "preference_loss", "rollout"):
         assert f"\n{kind} (" in "\n" + out, kind
-    assert "  grpo: GRPO:" in out and "      eps: float = 1e-06" in out
+    assert "  grpo: GRPO:" in out and "      eps: float (>=0) = 1e-06" in out
     ppo = out[out.index("  ppo_clip:"):]
     assert ppo.splitlines()[1] == "      traits: zero_at_zero_advantage=True"
     assert "      beta: float (>0) = 0.1" in out  # a constrained type, readable

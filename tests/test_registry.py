@@ -110,3 +110,74 @@ def test_builtin_plugin_option_types_are_checked():
 def test_unknown_builtin_reward_suggests():
     with pytest.raises(ConfigError, match=r"unknown reward 'integr' \(did you mean 'integer'\?\); known: .*math"):
         REWARDS.get("integr")
+
+
+# Numeric options of built-in plugins that take any value by design (reward-scale thresholds and rewards, a
+# seed, a margin that may be negative): every other int or float option declares its bounds (upslope.bounds).
+UNBOUNDED = {
+    "advantage:codapo.threshold", "advantage:consteer.threshold", "advantage:ispo.threshold",
+    "sampler:boundary.threshold", "sampler:boundary_aware.threshold", "sampler:cero.threshold",
+    "sampler:td_grokking.threshold", "replay:rerule.hard_below",  # compared with rewards, whatever their scale
+    "advantage:tree.min_informativeness",  # below the lowest informativeness: no tree filtered
+    "reward:brier_confidence.correct_bonus", "reward:selective.abstain_reward",  # checked against each other
+    "rollout:espo.fail_reward", "environment:answer.tool_bonus",  # rewards: a penalty is negative
+    "rollout:espo.margin",  # a negative margin stops every completion past min_tokens
+    "preference_loss:simpo.gamma",  # a target margin
+    "task:arith.seed",
+}
+
+
+def builtin_numeric_options():
+    """(kind:name.option, registry, plugin, option, annotation) of every int or float option of a built-in plugin."""
+    import inspect  # noqa: PLC0415
+    from typing import Annotated, get_args, get_origin  # noqa: PLC0415
+
+    from upslope import registry as R  # noqa: PLC0415
+
+    for reg in (v for v in vars(R).values() if isinstance(v, Registry)):
+        for entry in reg.entries():
+            if not entry.module.startswith("upslope."):
+                continue
+            for name, p in entry.options().items():
+                ann = p.annotation
+                base = get_args(ann)[0] if get_origin(ann) is Annotated else ann
+                if base in (int, float) and p.default is not inspect.Parameter.empty:
+                    yield f"{reg.kind}:{entry.name}.{name}", reg, entry.name, name, ann
+
+
+def test_every_numeric_builtin_option_declares_its_bounds():
+    """A new int/float plugin option states its range (one bind-time error line for a value outside it) or is
+    listed above with the reason it is unbounded."""
+    from typing import Annotated, get_origin  # noqa: PLC0415
+
+    found = {key: get_origin(ann) is Annotated for key, *_, ann in builtin_numeric_options()}
+    assert len(found) > 100
+    assert sorted(k for k, bounded in found.items() if not bounded and k not in UNBOUNDED) == []
+    assert sorted(UNBOUNDED - {k for k, bounded in found.items() if not bounded}) == []  # no stale entries
+
+
+def test_a_bounded_builtin_option_out_of_range_is_one_error_line_at_bind():
+    """For every bounded option: its default binds, and a value just past each bound is refused by bind, before
+    any model or data loads, in one line naming the option and the bound (e.g. `agent.env.options.hints: Input
+    should be greater than or equal to 0 (got -1)`)."""
+    from typing import get_args  # noqa: PLC0415
+
+    checked = 0
+    for key, reg, plugin, name, ann in builtin_numeric_options():
+        if key in UNBOUNDED:
+            continue
+        base, *meta = get_args(ann)
+        default = reg.get(plugin).options()[name].default
+        reg.bind(plugin, {name: default}, where="opts")
+        bounds = {b: getattr(m, b) for info in meta for m in getattr(info, "metadata", [info])
+                  for b in ("gt", "ge", "lt", "le") if getattr(m, b, None) is not None}
+        step = 1 if base is int else 1e-3
+        outside = {"gt": lambda v: v, "ge": lambda v: v - step, "lt": lambda v: v, "le": lambda v: v + step}
+        for b, v in bounds.items():
+            bad = base(outside[b](v))
+            with pytest.raises(ConfigError) as err:
+                reg.bind(plugin, {name: bad}, where="opts")
+            msg = str(err.value)
+            assert msg.startswith(f"opts.{name}: Input should be ") and f"(got {bad!r})" in msg and "\n" not in msg
+            checked += 1
+    assert checked > 100

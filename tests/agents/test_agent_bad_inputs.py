@@ -14,6 +14,9 @@ from upslope.cli import main
     (["agent.tools=[{name: python, options: {timeout_s: soon}}]"], "agent.tools[0].options.timeout_s:"),
     (["agent.max_turns=0"], "agent.max_turns"),
     (["agent.hint_decay=2"], "agent.hint_decay"),
+    (["agent.env.options={hints: -1}"], "agent.env.options.hints: Input should be greater than or equal to 0 (got -1)"),
+    (["agent.tools=[{name: python, options: {timeout_s: 0}}]"], "agent.tools[0].options.timeout_s: Input should be greater than 0"),
+    (["rollout.options={branches: 1}"], "rollout.options.branches: unknown option for rollout 'multi_turn'"),
     (["rollout.max_prompt_tokens=64"], "over rollout.max_prompt_tokens=64"),
 ])
 def test_bad_agent_settings_are_one_line(extra, expected, tiny_model_path, tmp_path, capsys):

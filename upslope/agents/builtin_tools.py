@@ -8,6 +8,7 @@ import functools
 import operator
 from typing import Any, Callable
 
+from upslope.bounds import Positive, PositiveCount
 from upslope.registry import TOOLS
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
@@ -36,7 +37,7 @@ def _evaluate(node: ast.AST, max_digits: int) -> int | float:
 
 
 @TOOLS.register("calculator")
-def calculator(expression: str, *, max_digits: int = 100) -> str:
+def calculator(expression: str, *, max_digits: PositiveCount = 100) -> str:
     """Evaluate an arithmetic expression exactly, e.g. 123 * 456 + 7.
 
     expression: numbers with + - * / // % ** and parentheses
@@ -62,7 +63,7 @@ def _sandbox(timeout_s: float, memory_mb: int, allow_weak: bool) -> Any:
 
 
 @TOOLS.register("python")
-def python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, allow_weak: bool = False) -> str:
+def python(code: str, *, timeout_s: Positive = 5.0, memory_mb: PositiveCount = 512, allow_weak: bool = False) -> str:
     """Run a Python program in the sandbox and return what it printed (stdout, then stderr).
 
     code: the program; print what you want to see

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from upslope.bounds import Count
 from upslope.registry import ENVIRONMENTS, REWARDS
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class AnswerEnv(Environment):
     answer_prefix: text the model's turn after tool results starts with (masked), e.g. "The answer is"
     """
 
-    def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: int = 0,
+    def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: Count = 0,
                  hint: str = "That is not right. Use a tool to check, then answer again.",
                  tool_bonus: float = 0.0, after_tools: str = "", answer_prefix: str = ""):
         opts = reward_options if reward_options is not None else ({"extract": "last"} if reward == "integer" else {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, Sequence
 
 from upslope.agents.env import AnswerEnv, Message, StepResult
+from upslope.bounds import Count
 from upslope.data.types import Example
 from upslope.registry import ENVIRONMENTS
 from upslope.rewards.extract import first_result
@@ -61,7 +62,7 @@ class SocraticEnv(AnswerEnv):
     stronger black-box model, which a judge-backed guide would stand in for)
     """
 
-    def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: int = 1,
+    def __init__(self, *, reward: str = "integer", reward_options: dict[str, Any] | None = None, hints: Count = 1,
                  teacher: Literal["arith"] = "arith"):
         super().__init__(reward=reward, reward_options=reward_options, hints=hints)
         self.guide = GUIDES[teacher]

@@ -19,6 +19,7 @@ from upslope.algos.common import (Singleton, broadcast_to_tokens, group_moments,
                                   last_token_rewards, masked_whiten, reward_to_go)
 from upslope.algos.combiners import group_normalized_sum, weighted_sum
 from upslope.batch import Batch
+from upslope.bounds import Fraction, NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -36,7 +37,7 @@ def _tokens(per_sample: Tensor, batch: Batch) -> Tensor:
 
 
 @ADVANTAGES.register("grpo", grouped=True)
-def grpo(batch: Batch, *, scale_by_std: bool = True, eps: float = 1e-6, unbiased: bool = True,
+def grpo(batch: Batch, *, scale_by_std: bool = True, eps: NonNegative = 1e-6, unbiased: bool = True,
          eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
     """GRPO: (r - group mean) / (group std + eps), broadcast to the sample's tokens; 0 for a tied group.
 
@@ -77,7 +78,7 @@ def rloo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
 
 
 @ADVANTAGES.register("reinforce_pp", whole_batch=True, token_rewards=True)
-def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: float = 1.0, eps: float = 1e-6,
+def reinforce_pp(batch: Batch, *, group_baseline: bool = False, gamma: Fraction = 1.0, eps: NonNegative = 1e-6,
                  unbiased: bool = False, eps_in_sqrt: bool = False, reset_at_masked: bool = False,
                  singleton: Singleton = "zero") -> Tensor:
     """REINFORCE++: reward-to-go (minus the group mean reward if group_baseline), whitened over all batch tokens.
@@ -140,7 +141,7 @@ def gae_advantages_and_returns(token_rewards: Tensor, values: Tensor, mask: Tens
 
 
 @ADVANTAGES.register("gae", critic=True, whole_batch=True, token_rewards=True)
-def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True, eps: float = 1e-6,
+def gae(batch: Batch, *, gamma: Fraction = 1.0, lam: Fraction = 0.95, whiten: bool = True, eps: NonNegative = 1e-6,
         unbiased: bool = False, eps_in_sqrt: bool = False) -> tuple[Tensor, Tensor]:
     """PPO with a critic: (GAE(gamma, lam) advantages, returns) from batch.values and token rewards.
 
@@ -167,7 +168,7 @@ def gae(batch: Batch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = T
 
 @ADVANTAGES.register("gdpo", grouped=True, whole_batch=True)
 def gdpo(batch: Batch, *, weights: dict[str, float] | None = None, batch_normalize: bool = True,
-         eps: float = 1e-6, unbiased: bool = True, batch_unbiased: bool = False, eps_in_sqrt: bool = False,
+         eps: NonNegative = 1e-6, unbiased: bool = True, batch_unbiased: bool = False, eps_in_sqrt: bool = False,
          singleton: Singleton = "zero") -> Tensor:
     """GDPO: normalise each reward component within its group, weighted-sum, then (optionally) normalise over the batch.
 
@@ -220,8 +221,8 @@ def reward_cancellation(comps: dict[str, Tensor], group_ids: Tensor, weights: di
 
 
 @ADVANTAGES.register("gd2po", grouped=True, whole_batch=True)
-def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: float = 0.5, reweight: bool = True,
-          batch_normalize: bool = True, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: Fraction = 0.5, reweight: bool = True,
+          batch_normalize: bool = True, eps: NonNegative = 1e-6, unbiased: bool = True) -> Tensor:
     """GD2PO (Liu et al. 2026): GDPO's advantage with conflicted rollouts masked and queries reweighted by consensus.
 
     weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)
@@ -252,7 +253,7 @@ def gd2po(batch: Batch, *, weights: dict[str, float] | None = None, threshold: f
 
 @ADVANTAGES.register("recal", grouped=True, whole_batch=True)
 def recal(batch: Batch, *, weights: dict[str, float] | None = None, dataset_key: str = "dataset",
-          variance_power: float = 0.5, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+          variance_power: NonNegative = 0.5, eps: NonNegative = 1e-6, unbiased: bool = True) -> Tensor:
     """ReCal (Yu et al. 2026): component-wise group advantages, variance-aware query weights, then unit std per dataset.
 
     weights: weight per reward component name (unlisted weigh 1.0; an unknown name is an error)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from upslope.algos.common import Singleton, group_normalize
+from upslope.bounds import NonNegative, Positive
 from upslope.errors import ConfigError
 from upslope.registry import REWARD_COMBINERS
 
@@ -35,7 +36,7 @@ def weighted_sum(components: dict[str, Tensor], group_ids: Tensor, *,
 
 @REWARD_COMBINERS.register("group_normalized_sum")
 def group_normalized_sum(components: dict[str, Tensor], group_ids: Tensor, *,
-                         weights: dict[str, float] | None = None, eps: float = 1e-6, unbiased: bool = True,
+                         weights: dict[str, float] | None = None, eps: NonNegative = 1e-6, unbiased: bool = True,
                          eps_in_sqrt: bool = False, singleton: Singleton = "zero") -> Tensor:
     """GDPO-style: sum_k w_k * (r_k - group mean) / (group std + eps), so no component dominates by scale.
 
@@ -76,7 +77,7 @@ def cv_weights(components: dict[str, Tensor], weights: dict[str, float] | None, 
 
 @REWARD_COMBINERS.register("saw", whole_batch=True)
 def saw(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None,
-        eps: float = 1e-6, group_normalize: bool = False) -> Tensor:
+        eps: Positive = 1e-6, group_normalize: bool = False) -> Tensor:
     """SAW (He et al. 2026): each component reweighted by its batch coefficient of variation, then summed.
 
     weights: static weight per reward component name (unlisted weigh 1.0), scaled by SAW

@@ -10,6 +10,7 @@ from torch import Tensor
 from upslope.algos.common import broadcast_to_tokens, group_moments, group_normalize, masked_mean
 from upslope.algos.credit import grpo_per_sample
 from upslope.batch import Batch
+from upslope.bounds import Fraction, NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -26,7 +27,7 @@ def _correct(batch: Batch, threshold: float, who: str) -> Tensor:
 
 
 @ADVANTAGES.register("consteer", grouped=True)
-def consteer(batch: Batch, *, beta: float = 0.5, threshold: float = 0.5) -> Tensor:
+def consteer(batch: Batch, *, beta: NonNegative = 0.5, threshold: float = 0.5) -> Tensor:
     """ConSteer-RL (Miao et al. 2026): GRPO on r + beta x c for a correct rollout and r - beta x c for a wrong one.
 
     beta: weight of the confidence term (>= 0; 0 is GRPO)
@@ -45,7 +46,7 @@ def consteer(batch: Batch, *, beta: float = 0.5, threshold: float = 0.5) -> Tens
 
 
 @ADVANTAGES.register("ispo", grouped=True)
-def ispo(batch: Batch, *, beta: float = 0.5, tau: float = 0.9, threshold: float = 0.5) -> Tensor:
+def ispo(batch: Batch, *, beta: NonNegative = 0.5, tau: Fraction = 0.9, threshold: float = 0.5) -> Tensor:
     """ISPO (Chen et al. 2026), token part: GRPO minus beta x max(0, p_t - tau) on the tokens of wrong rollouts.
 
     beta: weight of the hallucinated-certainty hinge (>= 0; 0 is GRPO)
@@ -76,7 +77,7 @@ def codapo_weights(batch: Batch, *, w_min: float, w_max: float, threshold: float
 
 
 @ADVANTAGES.register("codapo", grouped=True)
-def codapo(batch: Batch, *, w_min: float = 0.5, w_max: float = 2.0, threshold: float = 0.5) -> Tensor:
+def codapo(batch: Batch, *, w_min: NonNegative = 0.5, w_max: NonNegative = 2.0, threshold: float = 0.5) -> Tensor:
     """CoDaPO (Zhou et al. 2026): each question's GRPO advantage x a bounded weight from pass rate and confidence.
 
     w_min: weight of a question with nothing to learn (solved or unsolved by all, or fully confident)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from upslope.algos.common import broadcast_to_tokens, group_normalize
 from upslope.batch import Batch
+from upslope.bounds import Fraction, NonNegative, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -35,7 +36,7 @@ def horizon_weights(entropy: Tensor, mask: Tensor, alpha: float) -> Tensor:
 
 
 @ADVANTAGES.register("ah_grpo", grouped=True)
-def ah_grpo(batch: Batch, *, alpha: float = 0.5, selective: bool = False) -> Tensor:
+def ah_grpo(batch: Batch, *, alpha: NonNegative = 0.5, selective: bool = False) -> Tensor:
     """AH-GRPO / SA-AH-GRPO (Chawla et al. 2026): GRPO advantage x exp(-alpha x cumulative entropy before the token).
 
     alpha: discount per nat of cumulative entropy (>= 0; 0 is GRPO)
@@ -79,7 +80,7 @@ def redistribution_weights(score: Tensor, mask: Tensor, segment_len: int, eps: f
 
 
 @ADVANTAGES.register("rredcot", grouped=True)
-def rredcot(batch: Batch, *, segment_len: int = 4, mix: float = 1.0) -> Tensor:
+def rredcot(batch: Batch, *, segment_len: PositiveCount = 4, mix: Fraction = 1.0) -> Tensor:
     """RREDCoT (Ielanskyi et al. 2026): the GRPO advantage redistributed over a rollout's segments by their surprisal.
 
     segment_len: trained tokens per segment (>= 1)
@@ -109,7 +110,7 @@ def jaccard_similarity(batch: Batch) -> Tensor:
 
 
 @ADVANTAGES.register("graphae", grouped=True)
-def graphae(batch: Batch, *, lam: float = 0.5) -> Tensor:
+def graphae(batch: Batch, *, lam: Fraction = 0.5) -> Tensor:
     """GraphAE (Li et al. 2026): each GRPO advantage mixed with its group neighbours', weighted by response similarity.
 
     lam: weight of the neighbours' similarity-weighted mean advantage (0: GRPO; 1: only the neighbours)

@@ -11,6 +11,7 @@ from torch import Tensor
 from upslope.algos.advantages import gae_advantages_and_returns
 from upslope.algos.common import broadcast_to_tokens, last_token_rewards, masked_whiten
 from upslope.batch import Batch
+from upslope.bounds import Fraction, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -21,7 +22,7 @@ def pass_at_k(p: Tensor, k: int) -> Tensor:
 
 
 @ADVANTAGES.register("sr_ppo", critic=True, whole_batch=True)
-def sr_ppo(batch: Batch, *, k: int = 8, lam: float = 0.95, whiten: bool = False) -> tuple[Tensor, Tensor]:
+def sr_ppo(batch: Batch, *, k: PositiveCount = 8, lam: Fraction = 0.95, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """SR-PPO (Che et al. 2026): GAE over pass@k(critic value) of each prefix; the critic learns pass@1 from one rollout.
 
     k: the pass@k the critic's values are read as (>= 1; 1 is GAE on success probabilities)

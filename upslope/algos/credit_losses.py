@@ -12,6 +12,7 @@ from torch import Tensor
 
 from upslope.algos.common import masked_mean
 from upslope.algos.losses import ppo_clip
+from upslope.bounds import ClipLow, NonNegative, PositiveFraction
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
 
@@ -32,8 +33,9 @@ def decision_mask(topk_logprobs: Tensor, top_p: float) -> Tensor:
 
 @POLICY_LOSSES.register("paec", token_stats=True, top_k=PAEC_TOP_K)
 def paec(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, entropy: Tensor | None = None,
-         topk_logprobs: Tensor | None = None, *, coef: float = 0.1, h_min: float = 0.5, top_p: float = 0.95,
-         eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+         topk_logprobs: Tensor | None = None, *, coef: NonNegative = 0.1, h_min: NonNegative = 0.5,
+         top_p: PositiveFraction = 0.95,
+         eps_low: ClipLow = 0.2, eps_high: NonNegative = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
     """PAEC (Yang et al. 2026): PPO's clipped loss + coef x m_t x max(0, h_min - H_t) at soft decision positions m_t.
 
     coef: weight of the entropy lower-bound penalty (>= 0; 0 is ppo_clip)

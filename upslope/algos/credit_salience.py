@@ -12,6 +12,7 @@ from torch import Tensor
 from upslope.algos.common import broadcast_to_tokens
 from upslope.algos.credit import grpo_per_sample
 from upslope.batch import Batch
+from upslope.bounds import Fraction, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -36,7 +37,8 @@ def _weighted(batch: Batch, salience: Tensor | None, mix: float, who: str, answe
 
 
 @ADVANTAGES.register("flowtracer", grouped=True, salience="attention_flow")
-def flowtracer(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5, answer_tokens: int = 3) -> Tensor:
+def flowtracer(batch: Batch, salience: Tensor | None = None, *, mix: Fraction = 0.5,
+               answer_tokens: PositiveCount = 3) -> Tensor:
     """FlowTracer (Dong et al. 2026): GRPO advantage redistributed by attention flow into the answer region.
 
     mix: weight of the salience redistribution (0: GRPO; 1: fully by salience)
@@ -50,7 +52,8 @@ def flowtracer(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5
 
 
 @ADVANTAGES.register("arca", grouped=True, salience="adapter_residual")
-def arca(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5, answer_tokens: int = 3) -> Tensor:
+def arca(batch: Batch, salience: Tensor | None = None, *, mix: Fraction = 0.5,
+         answer_tokens: PositiveCount = 3) -> Tensor:
     """ARCA (Lafuente-Mercado 2026): GRPO advantage redistributed by the LoRA adapter's hidden-state residual norm.
 
     mix: weight of the salience redistribution (0: GRPO; 1: fully by salience)
@@ -64,7 +67,8 @@ def arca(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5, answ
 
 
 @ADVANTAGES.register("grail", grouped=True, salience="gradient")
-def grail(batch: Batch, salience: Tensor | None = None, *, mix: float = 0.5, answer_tokens: int = 3) -> Tensor:
+def grail(batch: Batch, salience: Tensor | None = None, *, mix: Fraction = 0.5,
+          answer_tokens: PositiveCount = 3) -> Tensor:
     """GRAIL (Pala et al. 2026): GRPO advantage redistributed by gradient x activation saliency toward the answer.
 
     mix: weight of the salience redistribution (0: GRPO; 1: fully by salience)

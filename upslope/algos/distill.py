@@ -12,12 +12,14 @@ every top-k quantity below is the exact full-vocabulary one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from upslope.algos.common import clamp_log_ratio, masked_mean
+from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import DISTILL_LOSSES
 
@@ -117,8 +119,8 @@ def forward_ce(x: DistillInputs) -> tuple[Tensor, dict[str, Tensor]]:
 
 
 @DISTILL_LOSSES.register("mix")
-def mix(x: DistillInputs, *, sampled_rkl: float = 0.0, topk_rkl: float = 0.5,
-        forward_ce: float = 0.5) -> tuple[Tensor, dict[str, Tensor]]:
+def mix(x: DistillInputs, *, sampled_rkl: NonNegative = 0.0, topk_rkl: NonNegative = 0.5,
+        forward_ce: NonNegative = 0.5) -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted sum of the losses above, e.g. reverse and forward KL (weights are the options, >= 0).
 
     sampled_rkl: weight of the sampled reverse-KL loss (>= 0)
@@ -151,7 +153,7 @@ def distill_metrics(x: DistillInputs) -> dict[str, Tensor]:
 
 @DISTILL_LOSSES.register("arkd")
 def arkd(x: DistillInputs, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy",
-         floor: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+         floor: Annotated[float, Field(ge=0, le=0.5)] = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
     """ARKD-style adaptive mix: w_t * KL(p_t|S || p_s) + (1 - w_t) * KL(p_s|S || p_t|S), with a per-token weight w_t.
 
     signal: what sets the forward-KL weight: "teacher_entropy" (H(p_t|S) / log k) or "gap" (FKL / (FKL + RKL))

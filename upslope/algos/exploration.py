@@ -9,6 +9,7 @@ from torch import Tensor
 
 from upslope.algos.replay import ReplayBuffer
 from upslope.batch import Batch, concat
+from upslope.bounds import NonNegative, PositiveCount
 from upslope.registry import FILTERS, REPLAY
 
 
@@ -22,7 +23,7 @@ def darts_scores(batch: Batch, *, length_coef: float) -> Tensor:
 
 
 @FILTERS.register("darts", whole_batch=True)
-def darts(batch: Batch, *, keep: int = 8, length_coef: float = 1.0, balance: bool = True) -> Tensor:
+def darts(batch: Batch, *, keep: PositiveCount = 8, length_coef: NonNegative = 1.0, balance: bool = True) -> Tensor:
     """DARTS: over-sample each group (rollout.n > keep), then keep the `keep` most concise and confident.
 
     keep: rollouts kept per group (the group size the update sees)
@@ -65,7 +66,8 @@ class DriftRouting(ReplayBuffer):
     implemented; a success stays in the buffer after replay (high-quality history is kept).
     """
 
-    def __init__(self, *, distill_weight: float = 1.0, capacity: int = 256, per_problem: int = 1):
+    def __init__(self, *, distill_weight: NonNegative = 1.0, capacity: PositiveCount = 256,
+                 per_problem: PositiveCount = 1):
         super().__init__()
         self.weight, self.capacity, self.per_problem = distill_weight, capacity, per_problem
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from upslope.batch import Batch
+from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import FILTERS
 
@@ -22,7 +23,7 @@ def _group_any(flag: Tensor, group_ids: Tensor) -> Tensor:
 
 
 @FILTERS.register("nonzero_std")
-def nonzero_std(batch: Batch, *, tol: float = 0.0) -> Tensor:
+def nonzero_std(batch: Batch, *, tol: NonNegative = 0.0) -> Tensor:
     """DAPO dynamic sampling: keep groups whose rewards are not all equal (max - min > tol); they carry no signal.
 
     tol: keep a group only if its max - min reward exceeds this (>= 0; 0: any difference)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from upslope.algos.common import clamp_log_ratio
+from upslope.bounds import Positive
 from upslope.errors import ConfigError
 from upslope.registry import KL_ESTIMATORS
 
@@ -28,7 +29,7 @@ def _log_ratio(logprobs: Tensor, ref_logprobs: Tensor, max_log_ratio: float) -> 
 
 
 @KL_ESTIMATORS.register("k1")
-def k1(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
+def k1(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: Positive = 20.0) -> Tensor:
     """k1 = log pi - log ref: unbiased KL estimate, high variance, may be negative.
 
     max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)
@@ -37,7 +38,7 @@ def k1(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -
 
 
 @KL_ESTIMATORS.register("k2")
-def k2(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
+def k2(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: Positive = 20.0) -> Tensor:
     """k2 = (log pi - log ref)^2 / 2: low variance, slightly biased, non-negative.
 
     max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)
@@ -46,7 +47,7 @@ def k2(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -
 
 
 @KL_ESTIMATORS.register("k3")
-def k3(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: float = 20.0) -> Tensor:
+def k3(logprobs: Tensor, ref_logprobs: Tensor, *, max_log_ratio: Positive = 20.0) -> Tensor:
     """k3 = exp(ref - lp) - (ref - lp) - 1: unbiased, low variance, always >= 0.
 
     max_log_ratio: clamp log pi - log ref to +-this before estimating (> 0; default 20)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from upslope.algos.common import clamp_log_ratio, masked_mean
+from upslope.bounds import ClipLow, NonNegative, PositiveFraction
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
 
@@ -59,8 +60,8 @@ def _clipped(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high:
 
 
 @POLICY_LOSSES.register("ppo_clip", zero_at_zero_advantage=True)
-def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-             eps_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: ClipLow = 0.2,
+             eps_high: NonNegative = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO/DAPO clipped surrogate with asymmetric clip (DAPO: eps_high 0.28) and optional dual clip c > 1.
 
     eps_low: the ratio is clipped below at 1 - eps_low (0 <= eps_low < 1)
@@ -73,8 +74,8 @@ def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
 
 
 @POLICY_LOSSES.register("gspo", zero_at_zero_advantage=True)
-def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
-         eps_high: float = 4e-4,
+def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: ClipLow = 3e-4,
+         eps_high: NonNegative = 4e-4,
          clamp: Literal["sequence", "token", "none"] = "sequence") -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: sequence ratio exp(mean token log-ratio), clipped per sequence, token-level sg form (GSPO-token).
 
@@ -103,7 +104,7 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
 
 
 @POLICY_LOSSES.register("cispo", zero_at_zero_advantage=True)
-def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_high: float = 0.28,
+def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_high: NonNegative = 0.28,
           eps_low: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO: -sg(clip(ratio, max=1+eps_high[, min=1-eps_low])) * A * logprob; every token keeps its gradient.
 
@@ -148,7 +149,7 @@ def _check_delta(delta: float) -> None:
 
 
 @POLICY_LOSSES.register("dppo", zero_at_zero_advantage=True)
-def dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: float = 0.2,
+def dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: PositiveFraction = 0.2,
          direction: Literal["harmful", "both"] = "harmful") -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO: -ratio * A, with a token's gradient masked once its probability moved |p_new - p_old| > delta.
 
@@ -174,8 +175,8 @@ def dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
 
 
 @POLICY_LOSSES.register("drpo", zero_at_zero_advantage=True)
-def drpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: float = 0.2,
-         coef: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+def drpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, delta: PositiveFraction = 0.2,
+         coef: NonNegative = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
     """DRPO: -ratio * A + coef * |A| * (p_new - p_old)^2 / (2 * delta * p_old), a smooth penalty instead of DPPO's mask.
 
     delta: where the penalty's pull cancels the policy gradient: a probability shift (0 < delta <= 1)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from upslope.batch import Batch, concat
+from upslope.bounds import Count, NonNegative, PositiveCount
 from upslope.registry import REPLAY
 
 
@@ -98,7 +99,8 @@ class FreshAnchoredReplay(ReplayBuffer):
     min_abs_advantage: rollouts with a smaller mean |advantage| are not stored (0-advantage rows teach nothing)
     """
 
-    def __init__(self, *, tau: int = 4, rows: int = 16, capacity: int = 256, min_abs_advantage: float = 1e-6):
+    def __init__(self, *, tau: Count = 4, rows: Count = 16, capacity: PositiveCount = 256,
+                 min_abs_advantage: NonNegative = 1e-6):
         super().__init__()
         self.tau, self.rows_per_step, self.capacity, self.min_abs = tau, rows, capacity, min_abs_advantage
         self.priority = torch.zeros(0)
@@ -144,8 +146,8 @@ class ReRULEReplay(ReplayBuffer):
     capacity: most groups stored (later hard groups are not stored once full)
     """
 
-    def __init__(self, *, hard_below: float = 0.5, store_steps: int = 20, replay_from: int = 20, groups: int = 2,
-                 capacity: int = 64):
+    def __init__(self, *, hard_below: float = 0.5, store_steps: Count = 20, replay_from: Count = 20, groups: Count = 2,
+                 capacity: PositiveCount = 64):
         super().__init__()
         self.hard_below, self.store_steps, self.replay_from = hard_below, store_steps, replay_from
         self.groups, self.capacity = groups, capacity

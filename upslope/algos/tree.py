@@ -11,6 +11,7 @@ from torch import Tensor
 
 from upslope.algos.common import broadcast_to_tokens, group_normalize
 from upslope.batch import Batch
+from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -84,7 +85,8 @@ def tree_informativeness(batch: Batch, rewards: Tensor, kind: str) -> Tensor:
 
 @ADVANTAGES.register("tree", grouped=True)
 def tree_advantage(batch: Batch, *, credit: Literal["segment", "leaf"] = "segment", scale_by_std: bool = True,
-                   eps: float = 1e-6, informativeness: Literal["none", "outcome", "outcome_decorrelation"] = "none",
+                   eps: NonNegative = 1e-6, informativeness: Literal["none", "outcome",
+                   "outcome_decorrelation"] = "none",
                    min_informativeness: float = 0.0) -> Tensor:
     """TreeRPO / CATPO: advantages over a tree rollout's segments (rollout `tree`), optionally weighted per tree.
 

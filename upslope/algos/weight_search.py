@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from upslope.bounds import NonNegative, Positive, PositiveFraction
 from upslope.registry import CONSOLIDATORS
 
 
@@ -35,7 +36,7 @@ def zscores(x: Tensor) -> Tensor:
 
 
 @CONSOLIDATORS.register("es")
-def es(rewards: Tensor, sigma: float, *, lr: float = 1e-3, shaping: Literal["ranks", "zscore"] = "ranks",
+def es(rewards: Tensor, sigma: float, *, lr: Positive = 1e-3, shaping: Literal["ranks", "zscore"] = "ranks",
        ) -> tuple[Tensor, dict[str, float]]:
     """Evolution strategies (Salimans et al. 2017, in the form Qiu et al. 2025 ran on LLMs): one step
     along the shaped-reward-weighted mean of the directions, c_k = lr x u_k / K, u the shaped mean rewards.
@@ -70,7 +71,8 @@ COS_ZERO = 1e-9  # cosines up to this count as 0: rounding must not turn an orth
 
 
 @CONSOLIDATORS.register("corp")
-def corp(rewards: Tensor, sigma: float, *, elite: float = 0.5, compat: float = 1.0, scale: float = 1.0,
+def corp(rewards: Tensor, sigma: float, *, elite: PositiveFraction = 0.5, compat: NonNegative = 1.0,
+         scale: Positive = 1.0,
          ) -> tuple[Tensor, dict[str, float]]:
     """CoRP (Zhang et al. 2026): fold the rewarded perturbations into one model: the best `elite` share,
     weighted by their gain over the population's mean reward times their compatibility, averaged; the

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from upslope.bounds import Fraction, PositiveCount
 from upslope.data.samplers import UniformSampler
 from upslope.data.sources import apply_template
 from upslope.data.types import Example
@@ -79,7 +80,7 @@ class TDGrokkingSampler(UniformSampler):
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, examples: Sequence[Example] = (), *,
-                 share: float = 0.5, depth: int = 1, threshold: float = 0.5):
+                 share: Fraction = 0.5, depth: PositiveCount = 1, threshold: float = 0.5):
         where = {problem(ex): i for i, ex in reversed(list(enumerate(examples)))}
         self.children = [[where[s] for s in arith_steps(*p) if s in where] if (p := problem(ex)) else []
                          for ex in examples]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from upslope.bounds import Count, Fraction, NonNegative, Positive, PositiveCount
 from upslope.data.types import Example
 from upslope.errors import ConfigError
 from upslope.registry import SAMPLERS
@@ -138,8 +139,8 @@ class BoundarySampler(OutcomeSampler):
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True,
-                 examples: Sequence[Example] | None = None, *, threshold: float = 0.5, max_share: float = 0.5,
-                 pace_steps: int = 10, cluster_key: str = "", cluster_power: float = 1.0):
+                 examples: Sequence[Example] | None = None, *, threshold: float = 0.5, max_share: Fraction = 0.5,
+                 pace_steps: Count = 10, cluster_key: str = "", cluster_power: NonNegative = 1.0):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
         self.max_share, self.pace_steps, self.cluster_power = max_share, max(pace_steps, 1), cluster_power
         self.clusters = cluster_labels(examples, cluster_key, num_prompts) if cluster_key else None
@@ -199,7 +200,7 @@ class BoundaryAwareSampler(OutcomeSampler):
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 locate_steps: int = 5, consolidate_below: float = 0.75, share: float = 0.75):
+                 locate_steps: Count = 5, consolidate_below: Fraction = 0.75, share: Fraction = 0.75):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
         self.locate_steps, self.below, self.share = locate_steps, consolidate_below, share
 
@@ -232,7 +233,8 @@ class CeroSampler(OutcomeSampler):
     """
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 prior_alpha: float = 1.0, prior_beta: float = 1.0, saturation: float = 4.0, max_groups: int = 1,
+                 prior_alpha: Positive = 1.0, prior_beta: Positive = 1.0, saturation: Positive = 4.0,
+                 max_groups: PositiveCount = 1,
                  merge_groups: bool = True):
         super().__init__(num_prompts, seed, shuffle, threshold=threshold)
         self.merge_repeats = merge_groups

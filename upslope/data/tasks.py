@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from upslope.bounds import PositiveCount
 from upslope.data.paths import shared_data_dir
 from upslope.data.sources import read_records, records_to_examples
 from upslope.data.types import Example
@@ -26,7 +27,8 @@ def _data_file(path: str | None, *parts: str) -> Path:
 
 
 @TASKS.register("arith", reward="integer", reward_options={"extract": "first_result", "strict": True}, max_new_tokens=8)
-def arith(*, split: str = "train", ops: str = "*", digits: int = 1, count: int = 10000, seed: int = 0,
+def arith(*, split: str = "train", ops: str = "*", digits: PositiveCount = 1, count: PositiveCount = 10000,
+          seed: int = 0,
           allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?", prefill: str = "") -> list[Example]:
     """Seeded procedural arithmetic: `count` problems `a op b` with `digits`-digit operands;
     the answer is the integer result. The test split uses a different seed.

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
+from upslope.bounds import NonNegative
 from upslope.registry import REWARDS
 from upslope.rewards.extract import extract_integer
 
@@ -46,7 +47,8 @@ def closeness_judge(a: str, b: str, answer: Any) -> float:
 
 @REWARDS.register("arena", batched=True)
 def arena_reward(completions: Sequence[str], answers: Sequence[Any], metas: Sequence[dict], *,
-                 coef: float = 0.5, anchors: tuple[int, ...] = (1, 10, 100), l2: float = 0.1) -> list[float]:
+                 coef: NonNegative = 0.5, anchors: tuple[int, ...] = (1, 10, 100),
+                 l2: NonNegative = 0.1) -> list[float]:
     """Reasoning Arena: 1 for a right answer (first_result integer), and, in a group whose rollouts are all
     right or all wrong, plus coef x (Bradley-Terry strength - the group's mean) from comparisons with anchors.
 

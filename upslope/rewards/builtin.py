@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
+from upslope.bounds import PositiveCount
 from upslope.registry import REWARDS
 from upslope.rewards.extract import boxed, extract_integer, integers
 
@@ -57,7 +58,7 @@ def format_reward(completion: str, answer: Any, meta: dict, *, pattern: str = r"
 
 
 @REWARDS.register("math")
-def math_reward(completion: str, answer: Any, meta: dict, *, timeout_s: int = 5) -> float:
+def math_reward(completion: str, answer: Any, meta: dict, *, timeout_s: PositiveCount = 5) -> float:
     """1 if math-verify finds the completion's final answer equivalent to the reference
     (numbers, fractions, LaTeX expressions; GSM8K '####' answers included).
 

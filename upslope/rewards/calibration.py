@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Literal
 
+from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import REWARDS
 
@@ -73,7 +74,7 @@ def brier_confidence(completion: str, answer: Any, meta: dict, *, verifier_name:
 
 @REWARDS.register("selective")
 def selective(completion: str, answer: Any, meta: dict, *, verifier_name: str = "integer",
-              verifier_options: dict[str, Any] | None = None, risk_penalty: float = 1.0,
+              verifier_options: dict[str, Any] | None = None, risk_penalty: NonNegative = 1.0,
               abstain_reward: float = 0.0, pattern: str = _ABSTAIN) -> float:
     """Selective prediction: 1 for a right answer, -risk_penalty for a wrong one, abstain_reward for abstaining.
 

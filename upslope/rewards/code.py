@@ -21,6 +21,7 @@ import re
 import threading
 from typing import Any, Literal
 
+from upslope.bounds import Positive, PositiveCount
 from upslope.errors import ConfigError, DataError
 from upslope.registry import REWARDS
 from upslope.sandbox import FunctionTest, Job, Result, SandboxConfig, SandboxPool, Status
@@ -112,8 +113,8 @@ def code(
     metas: list[dict],
     *,
     mode: Literal["all_pass", "fraction"] = "all_pass",
-    timeout_s: float = 10.0,
-    memory_mb: int = 1024,
+    timeout_s: Positive = 10.0,
+    memory_mb: PositiveCount = 1024,
     allow_weak: bool = False,
     workers: int | None = None,
     batch_timeout_s: float | None = None,

@@ -21,6 +21,7 @@ import re
 from collections import OrderedDict
 from typing import Any, Sequence
 
+from upslope.bounds import Count, Positive, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import REWARDS
 from upslope.rewards.context import RewardContext
@@ -231,10 +232,10 @@ def judge_backend(model: str | None, url: str | None, api_model: str, api_key_en
 def llm_judge_reward(completions: list[str], answers: list[Any], metas: list[dict],
                      context: RewardContext | None = None, *, model: str | None = None,
                      url: str | None = None, api_model: str = "default", api_key_env: str = "OPENAI_API_KEY",
-                     rubric: str = DEFAULT_RUBRIC, template: str = DEFAULT_TEMPLATE, scale: float = 10.0,
-                     prefill: str = "Score:", show_reference: bool = False, max_new_tokens: int = 8,
-                     batch_size: int = 16, device: str = "auto", timeout_s: float = 60.0,
-                     cache_size: int = 100_000) -> list[float]:
+                     rubric: str = DEFAULT_RUBRIC, template: str = DEFAULT_TEMPLATE, scale: Positive = 10.0,
+                     prefill: str = "Score:", show_reference: bool = False, max_new_tokens: PositiveCount = 8,
+                     batch_size: PositiveCount = 16, device: str = "auto", timeout_s: Positive = 60.0,
+                     cache_size: Count = 100_000) -> list[float]:
     """A judge model's grade of each completion against a rubric, as a fraction of `scale`.
 
     model: local judge: a model path, HF id, checkpoint or smollm2-135m-instruct; policy: the run's own rollout engine (current weights)

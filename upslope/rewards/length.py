@@ -1,12 +1,13 @@
 """Length-shaping rewards."""
 from typing import Any
 
+from upslope.bounds import Count, NonNegative
 from upslope.errors import DataError
 from upslope.registry import REWARDS
 
 
 @REWARDS.register("overlong_penalty")
-def overlong_penalty(completion: str, answer: Any, meta: dict, *, max_length: int = 0, buffer: int = 0) -> float:
+def overlong_penalty(completion: str, answer: Any, meta: dict, *, max_length: Count = 0, buffer: Count = 0) -> float:
     """DAPO soft overlong penalty: 0 up to max - buffer tokens, linear to -1 at max, -1 beyond.
 
     max_length: length limit in tokens (0: meta max_new_tokens, the rollout's)
@@ -30,8 +31,8 @@ def overlong_penalty(completion: str, answer: Any, meta: dict, *, max_length: in
 
 @REWARDS.register("suco_length", batched=True)
 def suco_length(completions: list[str], answers: list[Any], metas: list[dict], *, verifier_name: str = "integer",
-                verifier_options: dict[str, Any] | None = None, slack: float = 1.0, over_coef: float = 1.0,
-                under_coef: float = 1.0) -> list[float]:
+                verifier_options: dict[str, Any] | None = None, slack: NonNegative = 1.0, over_coef: NonNegative = 1.0,
+                under_coef: NonNegative = 1.0) -> list[float]:
     """SuCo-style sufficiency reward: penalise right replies over their group's sufficient length, wrong ones under it.
 
     verifier_name: registered reward deciding correctness (0/1) of each reply

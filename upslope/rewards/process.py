@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Sequence
 
+from upslope.bounds import PositiveCount
 from upslope.registry import REWARDS
 from upslope.rewards.context import RewardContext
 from upslope.rewards.placement import PlacedReward
@@ -64,7 +65,7 @@ def process_reward(completions: list[str], answers: list[Any], metas: list[dict]
                    context: RewardContext | None = None, *, step_reward: str,
                    step_options: dict[str, Any] | None = None, delimiter: str = "\n",
                    aggregate: Literal["min", "mean", "last"] = "min", prefix: bool = True,
-                   max_steps: int = 64, placement: Literal["sequence", "token"] = "sequence") -> list[Any]:
+                   max_steps: PositiveCount = 64, placement: Literal["sequence", "token"] = "sequence") -> list[Any]:
     """Per-step scores (steps split by a delimiter) aggregated into the sequence reward, or placed at step ends.
 
     step_reward: the reward scoring each step: a registered name (reward_model, llm_judge, format...) or module:function

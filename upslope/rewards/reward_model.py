@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from upslope.bounds import PositiveCount
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import REWARDS
 from upslope.rewards.context import RewardContext
@@ -128,7 +129,7 @@ def load_scorer(path: str, device: str = "auto", dtype: str = "float32") -> Rewa
 def reward_model_reward(completions: list[str], answers: list[Any], metas: list[dict],
                         context: RewardContext | None = None, *, path: str,
                         normalize: Literal["none", "batch", "running"] = "none",
-                        micro_batch_tokens: int = 4096, device: str = "auto",
+                        micro_batch_tokens: PositiveCount = 4096, device: str = "auto",
                         dtype: Literal["float32", "bfloat16"] = "float32", system_prompt: str | None = None,
                         use_chat_template: bool = True) -> list[float]:
     """A trained reward model's score of each completion after its prompt (batched, no gradient).

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from upslope.batch import Batch
+from upslope.bounds import Count, Fraction
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import Completion, Engine, SamplingParams
@@ -28,7 +29,7 @@ def espo_stop(logprobs: Sequence[float], mu: float, sd: float, *, margin: float,
 @ROLLOUTS.register("espo", train_only=True)
 def espo_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example],
                  params: SamplingParams, pad_id: int, group_offset: int = 0, *, margin: float = 3.0,
-                 min_tokens: int = 2, fail_reward: float = 0.0) -> Batch:
+                 min_tokens: Count = 2, fail_reward: float = 0.0) -> Batch:
     """ESPO: stop a completion once its running regret (surprisal of the sampled tokens above the batch's
     mean) is significantly high, and give it a terminal failure reward.
 
@@ -74,8 +75,8 @@ def noisy_prefix(tokens: Sequence[int], pool: Sequence[int], *, length: int, noi
 
 @ROLLOUTS.register("denoise", train_only=True)
 def denoise_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example],
-                    params: SamplingParams, pad_id: int, group_offset: int = 0, *, share: float = 0.5,
-                    prefix_frac: float = 0.5, noise: float = 0.5) -> Batch:
+                    params: SamplingParams, pad_id: int, group_offset: int = 0, *, share: Fraction = 0.5,
+                    prefix_frac: Fraction = 0.5, noise: Fraction = 0.5) -> Batch:
     """DenoiseRL: part of each group continues from a corrupted prefix of its own sample, so the policy
     learns to recover; the forced prefix is not trained on, the reward scores prefix + continuation.
 

@@ -5,11 +5,14 @@ shared prefixes; each row is one leaf, its path through the tree in meta["tree"]
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
+
+from pydantic import Field
 
 from upslope.agents.socratic import CRITIQUES
 from upslope.algos.tree import segments
 from upslope.batch import Batch
+from upslope.bounds import Count
 from upslope.data.types import Example
 from upslope.errors import ConfigError
 from upslope.registry import ROLLOUTS
@@ -91,9 +94,10 @@ def once_masks(trees: list[list[Leaf]]) -> list[list[int]]:
 
 @ROLLOUTS.register("tree", train_only=True)
 def tree_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
-                 pad_id: int, group_offset: int = 0, *, branches: int = 2, depths: list[int] = [1, 2],  # noqa: B006
+                 pad_id: int, group_offset: int = 0, *, branches: Annotated[int, Field(ge=2)] = 2,
+                 depths: list[int] = [1, 2],  # noqa: B006
                  points: Literal["fixed", "entropy"] = "fixed",
-                 shared_prefix: Literal["every_leaf", "once"] = "every_leaf", heal_leaves: int = 0,
+                 shared_prefix: Literal["every_leaf", "once"] = "every_leaf", heal_leaves: Count = 0,
                  critique: Literal["arith"] = "arith") -> Batch:
     """TreeRPO / CATPO tree rollout: rollout.n leaves per prompt that share prefixes, by branching partial trajectories.
 

@@ -62,6 +62,7 @@ def make_rollout(cfg: Any, tokenizer: Any, evaluation: bool = False) -> stages.R
         return ROLLOUTS.bind("single_turn", {}, "rollout.options")
     setup = entry.attrs.get("setup")
     if setup is not None:
+        ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")  # its options are checked all the same
         return setup(cfg, tokenizer, evaluation)
     return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
 
