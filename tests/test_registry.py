@@ -157,9 +157,9 @@ def test_every_numeric_builtin_option_declares_its_bounds():
 
 
 def test_a_bounded_builtin_option_out_of_range_is_one_error_line_at_bind():
-    """For every bounded option: its default binds, and a value just past each bound is refused by bind, before
-    any model or data loads, in one line naming the option and the bound (e.g. `agent.env.options.hints: Input
-    should be greater than or equal to 0 (got -1)`)."""
+    """For every bounded option: its default binds, and a value just past each bound is refused by bind in one
+    line naming the option and the bound (e.g. `agent.env.options.hints: Input should be greater than or equal to
+    0 (got -1)`)."""
     from typing import get_args  # noqa: PLC0415
 
     checked = 0

@@ -1,5 +1,5 @@
 """Bounded option types for plugin signatures. `Registry.bind` validates an option against its annotation,
-so a value out of range is one error line naming the option before anything loads; the plugin tables
+so a value out of range is one error line naming the option before training starts; the plugin tables
 (`upslope plugins`, docs/plugins.md) show the bounds."""
 from __future__ import annotations
 
