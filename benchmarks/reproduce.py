@@ -180,6 +180,8 @@ METHODS.update({  # token credit and weighting (issue 21, part A): each against 
                      "Representation-Aware Advantage Estimation (GraphAE)"),
     "consteer": Claim("consteer", "headroom", "eval/accuracy", "higher",
                       "ConSteer-RL: Steering Reasoning Capabilities in LLMs via Confidence-Aware RL"),
+    "consteer_outcome": Claim("consteer_outcome", "headroom", "eval/accuracy", "higher",
+                              "ConSteer-RL with the confidence term outside the group std (normalize: outcome)"),
     "ispo": Claim("ispo", "headroom", "eval/accuracy", "higher",
                   "Momentum for Reasoning: Dense Intrinsic Signals in Policy Optimization (ISPO)"),
     "codapo": Claim("codapo", "headroom", "eval/accuracy", "higher",

@@ -83,6 +83,22 @@ def test_consteer_shapes_the_reward_by_signed_confidence():
     assert consteer(tied)[:, 1].tolist() == pytest.approx([A2, -A2], rel=1e-5)
 
 
+def test_consteer_outcome_normalisation_keeps_the_confidence_term_a_tie_breaker():
+    """normalize=outcome: GRPO's advantage plus beta x the group-centred signed confidence. An all-wrong group,
+    whose confidences 0.3 and 0.5 the shaped form turns into advantages of unit scale (+-A2: toward the less
+    confident reply, the seed that collapsed), gets +-0.5 x 0.1 instead."""
+    c = [0.8, 0.6, 0.5]
+    b = batch_of([1.0, 1.0, 0.0], [[math.log(x)] for x in c])
+    signed = [0.8, 0.6, -0.5]
+    grpo_adv = [(r - 2 / 3) / (statistics.stdev([1, 1, 0]) + 1e-6) for r in (1, 1, 0)]
+    want = [g + 0.5 * (s - statistics.mean(signed)) for g, s in zip(grpo_adv, signed)]
+    assert consteer(b, beta=0.5, normalize="outcome")[:, 1].tolist() == pytest.approx(want, rel=1e-5)
+    wrong = batch_of([0.0, 0.0], [[math.log(0.3)], [math.log(0.5)]])
+    assert consteer(wrong, beta=0.5)[:, 1].tolist() == pytest.approx([A2, -A2], rel=1e-4)
+    assert consteer(wrong, beta=0.5, normalize="outcome")[:, 1].tolist() == pytest.approx([0.05, -0.05], rel=1e-5)
+    assert torch.equal(consteer(b, beta=0.0, normalize="outcome"), grpo(b))
+
+
 def test_ispo_hinge_penalises_confident_tokens_of_wrong_rollouts_only():
     b = batch_of([1.0, 0.0], [[math.log(0.95), math.log(0.5)]] * 2)
     got = ispo(b, beta=0.5, tau=0.9)

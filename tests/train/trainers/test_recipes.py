@@ -33,8 +33,8 @@ RECIPES = [r for r in sorted((Path(__file__).resolve().parents[3] / "recipes").g
 SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule", "dppo", "drpo", "dcmdp", "mipu",
                        "saw", "gd2po", "recal", "calibration", "selective", "suco", "darts", "espo", "denoise",
                        "socratic", "arena", "drift"}
-SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "ispo", "codapo", "paec",
-                        "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # issue 21 A
+SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "consteer_outcome", "ispo", "codapo",
+                        "paec", "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # issue 21 A
 SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # issue 21, part 2: tree rollouts and decomposition
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # issue 20's baselines on its two tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
