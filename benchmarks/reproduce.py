@@ -158,9 +158,8 @@ METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, n
     "randopt": Claim("randopt", "headroom", "eval/accuracy", "higher",
                      "RandOpt-style Gaussian weight perturbations with an evolution-strategies update",
                      command="randopt", baseline_command="train"),
-    "corp": Claim("corp", "headroom", "eval/accuracy", "higher",
-                  "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt",
-                  baseline_command="train"),
+    "corp": Claim("corp", "randopt", "eval/accuracy", "higher",  # its claim: above single-inference RandOpt
+                  "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt"),
 })
 METHODS.update({  # hyperparameter search (issue 21, part 2): the sweep's best learning rate against the recipe's
     "jf_hpo": Claim("headroom", "headroom", "eval/accuracy", "higher",

@@ -97,10 +97,14 @@ def test_a_pass_at_k_claim_evaluates_by_sampling(capsys):
 
 
 def test_a_method_of_another_command_runs_it_against_upslope_train(capsys):
-    assert rp.main(["corp", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0
+    assert rp.main(["randopt", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0
     cmds = capsys.readouterr().out.strip().splitlines()
     assert [c.split(" -m upslope.cli ")[1].split()[0] for c in cmds] == ["randopt", "train", "randopt", "train"]
-    assert all("corp.yaml" in c for c in cmds[::2]) and all("headroom.yaml" in c for c in cmds[1::2])
+    assert all("randopt.yaml" in c for c in cmds[::2]) and all("headroom.yaml" in c for c in cmds[1::2])
+    assert rp.main(["corp", "--dry-run", "--seeds", "2", "--steps", "5"]) == 0  # CoRP's claim: above RandOpt
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert [c.split(" -m upslope.cli ")[1].split()[0] for c in cmds] == ["randopt"] * 4
+    assert all("corp.yaml" in c for c in cmds[::2]) and all("randopt.yaml" in c for c in cmds[1::2])
 
 
 def test_a_finished_identical_run_is_reused(tmp_path):
@@ -265,7 +269,8 @@ def test_the_dry_run_of_every_claim(capsys):
         assert not any(o.split("=")[0] in c for o in scaled for c in cmds[1::2])
     assert rp.METHODS["arkd"].command == "distill" and rp.METHODS["drpo"].baseline == "dppo"
     assert "algo.replay.options.replay_from={half}" in rp.METHODS["rerule"].scaled
-    assert rp.METHODS["corp"].command_of("method") == "randopt" and rp.METHODS["corp"].command_of("baseline") == "train"
+    assert rp.METHODS["randopt"].command_of("method") == "randopt"
+    assert rp.METHODS["randopt"].command_of("baseline") == "train" and rp.METHODS["corp"].command_of("baseline") == "randopt"
     assert "rollout.top_p=0.9" in rp.METHODS["dcmdp"].overrides and rp.METHODS["dcmdp"].also == (
         ("mean:mismatch", "lower"),)
 
