@@ -27,3 +27,15 @@ def test_bad_agent_settings_are_one_line(extra, expected, tiny_model_path, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("upslope: error:") and expected in err[0], err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_run_whose_guidance_never_fits_says_so(tiny_model_path, tmp_path, capsys):
+    """A budget too small for the environment's reply is not an error, but the run warns once: the hints it
+    configured never reach the policy (SocraticPO's first recipe trained as plain GRPO that way)."""
+    args = ["train", f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path / 'r'}", "rollout.kind=multi_turn",
+            "agent.env.options={hints: 1}", "agent.max_turn_tokens=4", "rollout.max_new_tokens=8", "reward=[{name: env}]",
+            "train.steps=2", "train.eval_before=false", "train.eval_every=0", "rollout.prompts_per_step=2", "rollout.n=2"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    text = " ".join((out.out + out.err).split())  # the console wraps long lines
+    assert text.count("did not fit rollout.max_new_tokens=8; raise it (metric agent/env_reply_cut)") == 1, text[-2000:]

@@ -189,3 +189,19 @@ def test_without_guidance_a_hinted_answer_ends_the_trajectory(tokenizer, hf_engi
     assert bool((plain.loss_mask[:, int(plain.prompt_lens[0]):].sum(1) == plain.completion_lens).all())
     first_turn = [m["transcript"].split("<|im_end|>")[0] for m in guided.meta]  # the same first answer
     assert [m["transcript"].split("<|im_end|>")[0] for m in plain.meta] == first_turn
+
+
+def test_a_reply_that_does_not_fit_is_counted_not_given(tokenizer, hf_engine):
+    """With no room for the hint ("Try again." and the template's turn markers) in rollout.max_new_tokens, the
+    trajectory ends truncated after its first turn: agent/env_reply_cut 1, and agent/hints 0 (no guidance
+    reached the policy; it was counted as given before)."""
+    cfg = AgentConfig(env=Plugin(name="hint_test"), max_turns=3, max_turn_tokens=4, hint_decay=0.25)
+    batch = multi_turn(hf_engine, [], arith(count=1), SamplingParams(n=2, max_new_tokens=8, seed=0), 2,
+                       run=AgentRun(cfg, tokenizer))
+    for m in batch.meta:
+        assert m["metrics"]["agent/env_reply_cut"] == 1.0 and m["metrics"]["agent/hints"] == 0.0
+        assert m["metrics"]["agent/turns"] == 1.0 and m["metrics"]["agent/env_tokens"] == 0.0
+        assert m["finish_reason"] == "length" and "Try again." not in m["transcript"]
+    roomy = multi_turn(hf_engine, [], arith(count=1), SamplingParams(n=2, max_new_tokens=64, seed=0), 2,
+                       run=AgentRun(cfg, tokenizer))
+    assert [m["metrics"]["agent/env_reply_cut"] for m in roomy.meta] == [0.0, 0.0]

@@ -12,6 +12,7 @@ from upslope.agents.socratic import arith_critique, arith_guidance
 from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.data.types import Example
+from upslope.models import load_tokenizer
 from upslope.rollout.base import SamplingParams
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "socratic.yaml"
@@ -40,9 +41,23 @@ def test_arith_critique_by_hand(tokenizer):
     assert arith_critique(Example(prompt="q", answer=1), enc(" 2"), dec) is None  # no operands: no judgement
 
 
-@pytest.mark.slow  # ~25 s alone, 60 s under load: a real two-turn rollout
-def test_socratic_rollout_guides_wrong_answers(tokenizer, hf_engine, tmp_path):
+def test_the_recipe_budget_holds_both_turns_and_the_longest_guidance(smollm_path, tmp_path):
+    """socratic.yaml's rollout.max_new_tokens fits a cut first turn, the teacher's longest guidance as the
+    recipe's chat template renders it, and a second turn. Its first budget, 24 tokens, did not: every
+    guidance was cut off, agent/turns stayed 1 and training was GRPO's (the reproduction caught it)."""
     cfg = load_config(RECIPE, [f"run_dir={tmp_path}"])
+    run = AgentRun.from_config(cfg, load_tokenizer(smollm_path, cfg.model.chat_template))
+    worst = Example(prompt="99 + 99 =", answer=198, meta={"a": 99, "b": 99, "op": "+"})
+    guidance = arith_guidance(worst, "x" * 60)  # the teacher quotes at most 40 characters of the answer
+    reply = run.continuation([{"role": "user", "content": guidance}], stop_id=None)  # a cut turn: whole closing
+    turn = cfg.agent.max_turn_tokens
+    assert turn + len(reply) + turn <= cfg.rollout.max_new_tokens, (len(reply), cfg.rollout.max_new_tokens)
+
+
+@pytest.mark.slow  # ~25 s alone, 60 s under load: a real two-turn rollout
+def test_socratic_rollout_guides_wrong_answers(smollm_path, hf_engine, tmp_path):
+    cfg = load_config(RECIPE, [f"run_dir={tmp_path}"])
+    tokenizer = load_tokenizer(smollm_path, cfg.model.chat_template)
     run = AgentRun.from_config(cfg, tokenizer)
     examples = load_examples(cfg.data, "test")[:2]
     batch = multi_turn(hf_engine, [], examples, SamplingParams(n=2, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -52,6 +67,9 @@ def test_socratic_rollout_guides_wrong_answers(tokenizer, hf_engine, tmp_path):
         users = [x["content"] for x in m["messages"] if x["role"] == "user"]
         hinted = m["metrics"]["agent/hints"] == 1.0
         assert hinted == (len(users) == 2)  # the random tiny model: a hint exactly after a wrong first answer
-        if hinted:
+        assert m["metrics"]["agent/env_reply_cut"] == 0.0
+        if hinted:  # the guidance is in the row the policy trains on, as environment tokens
             assert "is not right. Start from the ones" in users[1] and users[1].endswith(f"{m['a']} + {m['b']} =")
+            assert "is not right. Start from the ones" in m["transcript"] and m["metrics"]["agent/env_tokens"] > 0
+            assert m["metrics"]["agent/turns"] == 2.0
             assert m["reward_parts"]["correct"] in (0.0, 0.5)  # after one hint: decayed by hint_decay 0.5

@@ -44,6 +44,8 @@ class Trajectory:
     truncated: bool = False
     last_turn: str = ""
     pending: list[int] | None = None  # the environment's reply, appended once it fits the budget
+    pending_hint: bool = False  # that reply is guidance (counted in `hints` once it is in the row)
+    reply_cut: bool = False  # ended because an environment reply did not fit rollout.max_new_tokens
     prefill: str = ""  # the text the environment started the current model turn with
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float] | None, trained: bool) -> None:
@@ -185,14 +187,13 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     if res.hint and not run.guidance:  # unaided: the wrong answer stands
         tr.done = True
         return
-    tr.hints += int(res.hint)
     if res.done or tr.turns >= run.cfg.max_turns:
         tr.done = True
         return
     env_ids = run.continuation(res.messages, toks[-1] if ended else None, res.prefill)
     tr.history += res.messages
     tr.prefill = res.prefill
-    tr.pending = env_ids
+    tr.pending, tr.pending_hint = env_ids, res.hint
 
 
 def run_trajectories(run: AgentRun, engine: Engine, examples: Sequence[Example], params: SamplingParams,
@@ -216,9 +217,10 @@ def run_trajectories(run: AgentRun, engine: Engine, examples: Sequence[Example],
             if pending is None:
                 continue
             if len(tr.ids) + len(pending) >= budget:  # no room for the result and a reply: cut here
-                tr.done = tr.truncated = True
+                tr.done = tr.truncated = tr.reply_cut = True
                 continue
             tr.append(pending, None, trained=False)
+            tr.hints += int(tr.pending_hint)
     for tr in trajs:  # every declared part, in declared order (the first decides accuracy), then any others
         tr.done = True
         tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
@@ -240,7 +242,8 @@ def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[
             "metrics": {"agent/turns": float(tr.turns), "agent/tool_calls": float(box.calls),
                         "agent/valid_tool_calls": float(box.valid),
                         "agent/valid_tool_call_rate": float(box.valid > 0),
-                        "agent/hints": float(tr.hints), "agent/model_tokens": float(model_tokens),
+                        "agent/hints": float(tr.hints), "agent/env_reply_cut": float(tr.reply_cut),
+                        "agent/model_tokens": float(model_tokens),
                         "agent/env_tokens": float(len(tr.ids) - model_tokens)}}
 
 

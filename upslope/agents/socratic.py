@@ -69,7 +69,8 @@ class SocraticEnv(AnswerEnv):
 
     def step(self, history: list[Message], model_turn: str) -> StepResult:
         res = super().step(history, model_turn)
-        if res.hint:
+        if res.hint:  # the second try opens like the first (the example's prefill, e.g. "37 + 45 =")
             assert self.example is not None
             res.messages = [{"role": "user", "content": self.guide(self.example, model_turn)}]
+            res.prefill = self.example.prefill
         return res

@@ -121,6 +121,7 @@ class Trainer(BaseTrainer):
             self.critic = Critic.from_config(cfg, self.runtime.model_path, self.device)
         replay = cfg.algo.replay
         self.replay = REPLAY.bind(replay.name, replay.options, where="algo.replay.options")() if replay else None
+        self.warned_reply_cut = False
 
     def setup_objective(self) -> None:
         self.objective = RLObjective.from_config(self.cfg, self.updater)
@@ -180,10 +181,20 @@ class Trainer(BaseTrainer):
         if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
             self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
         metrics = got.metrics
+        self.warn_reply_cut(metrics.get("agent/env_reply_cut", 0.0))
         metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
         if self.filters:
             metrics["filter/groups_dropped"] = float(got.dropped)
         return got.batch, metrics
+
+    def warn_reply_cut(self, share: float) -> None:
+        """Once a run: trajectories ended because an environment reply (a tool result, guidance) did not fit the
+        token budget, so the mechanism that reply carries never reached the policy."""
+        if share > 0 and not self.warned_reply_cut:
+            self.warned_reply_cut = True
+            self.report.warn(f"{share:.0%} of a step's trajectories ended because an environment reply (a tool result "
+                             f"or guidance) did not fit rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}; "
+                             "raise it (metric agent/env_reply_cut)")
 
     def prepare(self, batch: Batch, metrics: dict[str, Any], step: int = 0) -> Batch:
         """Between reward and update: overlong masking, reference log-probs (and KL folded
