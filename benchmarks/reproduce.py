@@ -531,7 +531,8 @@ def plot_rows(rows: list[dict[str, Any]], out: Path) -> dict[str, list[tuple[str
     for (method, steps, seeds), r in latest_rows(rows).items():
         scale = 100.0 if r["metric"].startswith(POINTS) else 1.0
         lo, hi = r["ci95"]
-        panels.setdefault(r["metric"], []).append((f"{method} ({steps} x {seeds})", r["diff"] * scale, lo * scale,
+        vs = f" vs {r['baseline']}" if r["baseline"] in METHODS else ""  # against another method, not GRPO
+        panels.setdefault(r["metric"], []).append((f"{method}{vs} ({steps} x {seeds})", r["diff"] * scale, lo * scale,
                                                    hi * scale, r["verdict"]))
     if not panels:
         return {}

@@ -377,3 +377,5 @@ def test_the_forest_plot_draws_each_latest_row(tmp_path):
                                         pytest.approx(hi * 100))],
                      "eval/ece": [("calibration (10 x 3)", -0.04, -0.25, 0.17)]}
     assert f"]({rp.PLOT})" in rp.render([row], plot=True) and rp.PLOT not in rp.render([row])
+    corp = {**row, "method": "corp", "baseline": "randopt"}  # against another method: named in the label
+    assert rp.plot_rows([corp], out)["eval/accuracy"][0][0] == "corp vs randopt (10 x 3)"
