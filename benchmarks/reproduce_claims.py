@@ -1,0 +1,154 @@
+"""What each seed method claims, for benchmarks/reproduce.py: its recipe, the baseline recipe it claims to
+beat, the metric and direction, and how the arms run (overrides, command, teacher, sweep, scaled schedule)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A method's recipe, the baseline recipe it claims to beat, the metric and its claimed direction,
+    overrides both arms run with (e.g. sampled evaluation for a pass@k metric), further (metric,
+    direction) pairs reported beside the claim (`also`), the upslope command the arms run, and for a
+    distillation claim the recipe of the teacher trained first; for a search claim (JF-HPO) the flags of the
+    `upslope sweep` run first over the method's recipe ({steps} and {first_rung} are filled in), whose
+    best.yaml the method arm then trains."""
+
+    recipe: str
+    baseline: str
+    metric: str
+    direction: str  # "higher" or "lower"
+    paper: str
+    overrides: tuple[str, ...] = ()
+    also: tuple[tuple[str, str], ...] = ()
+    command: str = "train"
+    teacher: str | None = None
+    baseline_command: str | None = None  # the baseline arm's command when it differs (randopt against train)
+    sweep: tuple[str, ...] = ()
+    # the method arm's schedule scaled to the protocol: overrides of the method arm only, {steps} and {half}
+    # filled in (a replay that starts at step 20 never acts in a 10-step run)
+    scaled: tuple[str, ...] = ()
+
+    def metrics(self) -> list[tuple[str, str]]:
+        """(metric, direction) of the claim, then of `also`."""
+        return [(self.metric, self.direction), *self.also]
+
+    def command_of(self, arm: str) -> str:
+        """The upslope command an arm ("method" or "baseline") runs."""
+        return self.baseline_command or self.command if arm == "baseline" else self.command
+
+
+PASS_AT_8 = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
+MISMATCH = ("rollout.top_p=0.9",)
+METHODS: dict[str, Claim] = {
+    "cero": Claim("cero", "headroom", "eval/accuracy", "higher",
+                  "Cross-Epoch Adaptive Rollout Optimization for RL Post-Training (CERO)"),
+    "ads": Claim("ads", "headroom", "eval/accuracy", "higher",
+                 "Learning at the Right Pace: Adaptive Data Scheduling Improves LLM RL (ADS)"),
+    "boundary_curriculum": Claim("boundary_curriculum", "headroom", "eval/pass@8", "higher",
+                                 "Curriculum RL Can Incentivize Reasoning Capacity in LLMs Beyond the Base Model",
+                                 PASS_AT_8, scaled=("data.sampler.options.locate_steps={half}",)),
+    "replay": Claim("replay", "headroom", "eval/accuracy", "higher",
+                    "Rollout-Level Advantage-Prioritized Experience Replay for GRPO"),
+    "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
+                    "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)",
+                    scaled=("algo.replay.options.store_steps={half}", "algo.replay.options.replay_from={half}")),
+    # issue 20, part B: trust regions and objectives (their claims: better accuracy at equal steps, more
+    # stable training; DCMDP also a smaller train/inference discrepancy). MISMATCH is the sampler/learner
+    # gap both arms run under: nucleus sampling (top_p 0.9) makes the sampler's log-probs those of the
+    # renormalised nucleus, while an fp32 engine and an fp32 learner should differ by very little.
+    "dppo": Claim("dppo", "headroom", "eval/accuracy", "higher",
+                  "DPPO: a trust region on the sampled token's probability shift (as described in DRPO's abstract)",
+                  ("train.updates_per_batch=2",)),
+    "drpo": Claim("drpo", "dppo", "eval/accuracy", "higher",
+                  "Rethinking the Divergence Regularization in LLM RL (DRPO)"),
+    "mipu": Claim("mipu", "headroom", "eval/accuracy", "higher",
+                  "The Mirage of Optimizing Training Policies: Monotonic Inference Policies as the Real Objective "
+                  "for LLM Reinforcement Learning (MIPU)", (*MISMATCH, "algo.correction={level: token, cap: 2.0}")),
+    "dcmdp": Claim("dcmdp", "headroom", "eval/accuracy", "higher",
+                   "Reformulate LLM Reinforcement Learning for Efficient Training under Black-box Discrepancy (DCMDP)",
+                   MISMATCH, also=(("mean:mismatch", "lower"),)),
+    # rewards: multi-objective on the two-component headroom task (correctness, reply is only the number)
+    # (SAW's eval/mean_reward is not comparable: its combiner reweights the held-out batch too)
+    "saw": Claim("saw", "headroom_format", "eval/accuracy", "higher",
+                 "SAW: Stage-Aware Dynamic Weighting for Multi-Objective Reinforcement Learning in LLMs"),
+    "gd2po": Claim("gd2po", "headroom_gdpo", "eval/accuracy", "higher",
+                   "GD2PO: Mitigating Multi-Reward Conflicts via Group-Dynamic reward-Decoupled Policy Optimization",
+                   also=(("eval/mean_reward", "higher"),)),  # both arms sum the components with fixed weights
+    "recal": Claim("recal", "headroom_format", "eval/accuracy", "higher",
+                   "ReCal: Reward Calibration for RL-based LLM Routing"),
+    # rewards: calibration, selective prediction and length on the confidence task (confidence.yaml)
+    "calibration": Claim("calibration", "confidence", "eval/ece", "lower",
+                         "On the effectiveness of reward functions in RL for confidence calibration of LLMs",
+                         also=(("eval/brier", "lower"), ("eval/accuracy", "higher"))),
+    "selective": Claim("selective", "confidence", "eval/aurc", "lower",
+                       "Aligning Language Models with Selective Prediction (RLSR)",
+                       also=(("eval/selective_risk", "lower"),)),  # coverage is traded for risk: no direction
+    "suco": Claim("suco", "confidence", "eval/mean_length", "lower",
+                  "SuCo: Sufficiency-guided Continuous Adaptive Reasoning", also=(("eval/accuracy", "higher"),)),
+    # distillation: the student (the base model) distilled from a headroom GRPO run trained first
+    "arkd": Claim("arkd", "distill_headroom", "eval/accuracy", "higher",
+                  "ARKD: Adaptive RL-Guided Bidirectional KL Divergence Distillation for Text Generation",
+                  command="distill", teacher="headroom"),
+    # issue 21, part 2: exploration and rollout shaping
+    "darts": Claim("darts", "headroom", "eval/accuracy", "higher",
+                   "DARTS: over-sample, keep concise and confident trajectories"),
+    "espo": Claim("espo", "headroom", "eval/accuracy", "higher",
+                  "ESPO: Early-Stopping Proximal Policy Optimization"),
+    "denoise": Claim("denoise", "headroom", "eval/accuracy", "higher",
+                     "DenoiseRL: Bootstrapping Reasoning Models to Recover from Noisy Prefixes"),
+    "socratic": Claim("socratic", "headroom", "eval/accuracy", "higher",
+                      "SocraticPO: Policy Optimization via Interactive Guidance"),
+    "arena": Claim("arena", "headroom", "eval/accuracy", "higher",
+                   "Reasoning Arena: relative rewards for zero-variance groups by Bradley-Terry against anchors"),
+    "drift": Claim("drift", "headroom", "eval/accuracy", "higher",
+                   "DRIFT: Difficulty Routing Self-DIstillation with Rhythm-Gated Exploration and Success BuFfer Training"),
+    "treerpo": Claim("treerpo", "headroom", "eval/accuracy", "higher",
+                     "TreeRPO: Tree Relative Policy Optimization (tree rollouts, per-segment credit)"),
+    "catpo": Claim("catpo", "headroom", "eval/accuracy", "higher",
+                   "CATPO: Critique-Augmented Tree Policy Optimization"),
+    "td_grokking": Claim("td_grokking", "headroom", "eval/accuracy", "higher",
+                         "TD-Grokking: Learning from Zero-Reward Problems by Training-Time Decomposition"),
+}
+METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, no gradients
+    "randopt": Claim("randopt", "headroom", "eval/accuracy", "higher",
+                     "RandOpt-style Gaussian weight perturbations with an evolution-strategies update",
+                     command="randopt", baseline_command="train"),
+    "corp": Claim("corp", "randopt", "eval/accuracy", "higher",  # its claim: above single-inference RandOpt
+                  "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt"),
+})
+METHODS.update({  # hyperparameter search (issue 21, part 2): the sweep's best learning rate against the recipe's
+    "jf_hpo": Claim("headroom", "headroom", "eval/accuracy", "higher",
+                    "Efficient Hyperparameter Optimization for LLM Reinforcement Learning (JF-HPO): multi-fidelity "
+                    "search with early stopping and checkpoint reuse",
+                    sweep=("--space", "optim.lr=5e-6,1e-5,2e-5,4e-5,8e-5,1.6e-4", "--budget", "6",
+                           "--rungs", "{first_rung},{steps}", "--eta", "3", "--metric", "eval/accuracy")),
+})
+METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
+    "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
+                     "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
+    "sa_ah_grpo": Claim("sa_ah_grpo", "headroom", "eval/accuracy", "higher",
+                        "Selective-Advantage Entropy-Adaptive Horizon GRPO (SA-AH-GRPO)"),
+    "rredcot": Claim("rredcot", "headroom", "eval/accuracy", "higher",
+                     "RREDCoT: Segment-Level Reward Redistribution for Reasoning Models"),
+    "graphae": Claim("graphae", "headroom", "eval/accuracy", "higher",
+                     "Representation-Aware Advantage Estimation (GraphAE)"),
+    "consteer": Claim("consteer", "headroom", "eval/accuracy", "higher",
+                      "ConSteer-RL: Steering Reasoning Capabilities in LLMs via Confidence-Aware RL"),
+    "consteer_outcome": Claim("consteer_outcome", "headroom", "eval/accuracy", "higher",
+                              "ConSteer-RL with the confidence term outside the group std (normalize: outcome)"),
+    "ispo": Claim("ispo", "headroom", "eval/accuracy", "higher",
+                  "Momentum for Reasoning: Dense Intrinsic Signals in Policy Optimization (ISPO)"),
+    "codapo": Claim("codapo", "headroom", "eval/accuracy", "higher",
+                    "The Easy, the Hard, and the Learnable: Confidence and Difficulty-Adaptive Policy Optimization"),
+    "paec": Claim("paec", "headroom", "eval/accuracy", "higher",
+                  "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
+    "sr_ppo": Claim("sr_ppo", "headroom", "eval/pass@8", "higher",
+                    "Learning with a Single Rollout via Monte Carlo Pass@k Critic (SR-PPO)", PASS_AT_8),
+    "flowtracer": Claim("flowtracer", "headroom", "eval/accuracy", "higher",
+                        "How Does Reasoning Flow? Tracing Attention-Induced Information Flow for Targeted RL (FlowTracer)"),
+    "grail": Claim("grail", "headroom", "eval/accuracy", "higher",
+                   "GRAIL: Gradient-Reweighted Advantages for Reinforcement Learning with Verifiable Rewards"),
+    "arca": Claim("arca", "headroom_lora", "eval/accuracy", "higher",
+                  "ARCA: Adapter-Residual Credit Assignment When Token Signals Degenerate"),
+})
