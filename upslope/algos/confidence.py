@@ -4,15 +4,16 @@ Confidence comes from the sampler's log-probs of the sampled tokens (`batch.samp
 every batch at no cost: a rollout's confidence is its geometric-mean token probability
 exp(mean log p) in (0, 1]. "Correct" is reward >= `threshold` (the verifier's 0/1 on our tasks).
 """
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from upslope.algos.common import broadcast_to_tokens, group_moments, group_normalize, masked_mean
 from upslope.algos.credit import grpo_per_sample
 from upslope.batch import Batch
-from upslope.bounds import Fraction, NonNegative
+from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -60,7 +61,8 @@ def consteer(batch: Batch, *, beta: NonNegative = 0.5, threshold: float = 0.5,
 
 
 @ADVANTAGES.register("ispo", grouped=True)
-def ispo(batch: Batch, *, beta: NonNegative = 0.5, tau: Fraction = 0.9, threshold: float = 0.5) -> Tensor:
+def ispo(batch: Batch, *, beta: NonNegative = 0.5, tau: Annotated[float, Field(ge=0, lt=1)] = 0.9,
+         threshold: float = 0.5) -> Tensor:
     """ISPO (Chen et al. 2026), token part: GRPO minus beta x max(0, p_t - tau) on the tokens of wrong rollouts.
 
     beta: weight of the hallucinated-certainty hinge (>= 0; 0 is GRPO)
