@@ -89,7 +89,6 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
 
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="bench-upslope-")
     cfg = load_config(None, upslope_overrides(a, run_dir))
-    reward_options = task_default_reward(cfg.data)[1]  # the same strict reward upslope's side trains on
     trainer = Trainer(cfg)
     learner = trainer.updater
     emit({"event": "meta", "framework": "upslope", "model_path": trainer.runtime.model_path,
@@ -180,6 +179,7 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
         _patch_trl_vllm_sync()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="bench-trl-")
     cfg = load_config(None, upslope_overrides(a, run_dir))
+    reward_options = task_default_reward(cfg.data)[1]  # the same strict reward upslope's side trains on
     model_path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce=lambda m: None)
     examples = prompts_in_upslope_order(cfg, a.prompts_per_step * a.steps)
     rows = [{"prompt": ex.messages(cfg.data.system_prompt), "answer": ex.answer} for ex in examples]

@@ -27,7 +27,6 @@ comparison) differs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re

@@ -80,7 +80,7 @@ def test_a_recipe_names_plugin_files_relative_to_itself_and_modules_by_name(tmp_
           advantage: {{name: {file_name}}}
         """)
     monkeypatch.chdir(tmp_path / "site")  # elsewhere: the recipe's path still resolves
-    cfg = load_config(recipe, [f"algo.policy_loss.name=ppo_clip"])
+    cfg = load_config(recipe, ["algo.policy_loss.name=ppo_clip"])
     assert cfg.algo.advantage.name == file_name
     assert cfg.plugins == [str((tmp_path / "recipes" / "plugins" / "mine.py").resolve()), f"{pkg}.advs"]
     assert load_config(recipe, [f"algo.advantage.name={module_name}"]).algo.advantage.name == module_name

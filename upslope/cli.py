@@ -153,7 +153,7 @@ def _dispatch(command: str, rest: list[str]) -> int:
         cfg = load_config(recipe, overrides)
         check_run_dir(Path(cfg.run_dir), resuming=True)
         return run_eval_command(cfg)
-    from upslope.train.api import TRAINERS, run_trainer
+    from upslope.train.api import TRAINERS
 
     if command in TRAINERS:
         recipe, overrides = _split_args(rest)

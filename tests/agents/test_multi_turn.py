@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agent_helpers import echo_config
 
 from upslope.agents import AgentRun, multi_turn
 from upslope.config import AgentConfig, Plugin, RewardSpec

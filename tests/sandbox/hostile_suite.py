@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from hostile_cases import CASES, SECRET_DIRS, Case
 from sandbox_helpers import pids_with_marker, pids_with_uid_in
 
-from upslope.sandbox import Job, SandboxConfig, SandboxPool, Status
+from upslope.sandbox import Job, SandboxConfig, SandboxPool
 
 CONFIG = SandboxConfig(timeout_s=3.0, memory_mb=512, run_memory_mb=1024, max_inodes=2048, disk_mb=32,
                        max_output_bytes=1 << 20, max_procs=32)

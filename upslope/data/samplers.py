@@ -24,7 +24,6 @@ from upslope.registry import SAMPLERS
 
 if TYPE_CHECKING:
     from upslope.config import DataConfig
-    from upslope.data.types import Example
 
 
 @SAMPLERS.register("uniform")
