@@ -83,6 +83,8 @@ def prompts_in_upslope_order(cfg: Any, count: int) -> list[Any]:
 
 def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
     t0 = time.perf_counter()
+    import torch
+
     from upslope.config import load_config
     from upslope.rollout.engines import engine_name
     from upslope.train.trainers.rl import Trainer
@@ -94,9 +96,10 @@ def upslope_worker(a: argparse.Namespace, emit: Any) -> None:
     emit({"event": "meta", "framework": "upslope", "model_path": trainer.runtime.model_path,
           "engine": engine_name(cfg.engine), "learner_precision": cfg.train.precision,
           "master_dtype": str(next(learner.model.parameters()).dtype),
+          "moments_dtype": str(getattr(learner.optimizer, "state_dtype", torch.float32)).removeprefix("torch."),
           "grad_checkpointing": cfg.train.grad_checkpointing,  # upslope's own per-layer checkpointing
           "share_prompt": learner.share_prompt, "micro_batch_tokens": cfg.train.micro_batch_tokens,
-          "threads": __import__("torch").get_num_threads(),
+          "threads": torch.get_num_threads(),
           "mean_prompt_tokens": sum(map(len, trainer.prompt_ids)) / len(trainer.prompt_ids)})
     samples = a.prompts_per_step * a.n
     prev = time.perf_counter()
@@ -384,7 +387,8 @@ def learner_label(meta: dict[str, Any]) -> str:
     if meta.get("framework") == "trl":
         prec = "bf16 autocast" if meta.get("accelerate_mixed_precision") == "bf16" else "fp32"
     elif "bfloat16" in str(meta.get("master_dtype")):
-        prec = "bf16 weights/grads/moments"
+        moments = {"int8": "8-bit", "bfloat16": "bf16", "float32": "fp32"}.get(meta.get("moments_dtype"), "?")
+        prec = f"bf16 weights/grads, {moments} moments"
     else:
         prec = "bf16 autocast" if meta.get("learner_precision") == "bfloat16" else "fp32"
     return prec + (" + grad ckpt" if meta.get("grad_checkpointing") else "")

@@ -54,3 +54,49 @@ def test_the_check_finds_an_undefined_name(tmp_path):
     tree = ast.parse(bad.read_text())
     found = [m for m in Checker(tree, filename=str(bad)).messages]
     assert [type(m) for m in found] == [messages.UndefinedName] and found[0].lineno == 2
+
+
+def _upslope_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) of every `from upslope... import name` in a file, the ones inside
+    functions included (benchmarks and the CLI import lazily, so importing the file checks nothing)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "upslope":
+            out += [(node.lineno, node.module, alias.name) for alias in node.names if alias.name != "*"]
+    return out
+
+
+def _unresolved_imports(path: Path) -> list[str]:
+    """The upslope names a file imports that do not exist where it imports them from."""
+    import importlib
+
+    missing = []
+    for line, module, name in _upslope_imports(path):
+        try:
+            target = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing.append(f"{path.name}:{line}: module {module} ({exc})")
+            continue
+        if not hasattr(target, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ModuleNotFoundError:
+                missing.append(f"{path.name}:{line}: {module} has no {name}")
+    return missing
+
+
+@pytest.mark.parametrize("folder", CHECKED)
+def test_every_upslope_import_resolves(folder):
+    """Each imported upslope name exists where it is imported from (a module moved or a
+    function renamed breaks a lazy import only when that code path runs)."""
+    missing = [m for path in _python_files() if path.relative_to(ROOT).parts[0] == folder
+               for m in _unresolved_imports(path)]
+    assert missing == [], "\n".join(missing)
+
+
+def test_the_check_finds_a_lazy_import_of_a_moved_name(tmp_path):
+    bench = tmp_path / "bench.py"
+    bench.write_text("def worker():\n    from upslope.train.loop import Trainer\n    from upslope.config import Config\n"
+                     "    from upslope.nowhere import thing\n    return Trainer, Config, thing\n")
+    assert _unresolved_imports(bench) == ["bench.py:2: upslope.train.loop has no Trainer",
+                                          "bench.py:4: module upslope.nowhere (No module named 'upslope.nowhere')"]
