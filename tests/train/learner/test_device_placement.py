@@ -112,3 +112,56 @@ def test_no_device_less_tensor_constructors_in_learner_code():
                 if "device=" not in call and not any(s in line for s in _CPU_ON_PURPOSE):
                     offenders.append(f"{path.name}:{number}: {line.strip()}")
     assert not offenders, "tensor constructors without device= in learner code:\n" + "\n".join(offenders)
+
+
+# ---------------------------------------------------------------- every learner-side plugin on meta
+
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(META)
+
+
+def _learner_plugin_calls() -> list[tuple[str, str, object]]:
+    """(kind, name, call) for every registered plugin the learner runs on its own device: policy
+    losses, KL estimators, distillation and preference losses, with default options."""
+    from upslope.algos.distill import DistillInputs
+    from upslope.algos.preference import PairLogps
+    from upslope.registry import DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES, load_builtins
+
+    load_builtins()
+    n, length, k = 4, 6, 3
+    mask = torch.ones(n, length).to(META)
+    calls = []
+    for name, entry in POLICY_LOSSES._entries.items():
+        stats = ({"entropy": _meta(n, length), "topk_logprobs": _meta(n, length, max(1, entry.attrs.get("top_k", 1)))}
+                 if entry.attrs.get("token_stats") else {})
+        fn = POLICY_LOSSES.bind(name, {}, where="test")
+        calls.append(("policy_loss", name, lambda fn=fn, stats=stats: fn(_meta(n, length).requires_grad_(),
+                                                                      _meta(n, length), _meta(n, length), mask, **stats)))
+    for name in KL_ESTIMATORS._entries:
+        fn = KL_ESTIMATORS.bind(name, {}, where="test")
+        calls.append(("kl", name, lambda fn=fn: fn(_meta(n, length), _meta(n, length))))
+    for name in DISTILL_LOSSES._entries:
+        fn = DISTILL_LOSSES.bind(name, {}, where="test")
+        inputs = DistillInputs(_meta(n, length), _meta(n, length), mask, _meta(n, length, k), _meta(n, length, k),
+                               _meta(n, length))
+        calls.append(("distill_loss", name, lambda fn=fn, x=inputs: fn(x)))
+    for name in PREFERENCE_LOSSES._entries:
+        fn = PREFERENCE_LOSSES.bind(name, {}, where="test")
+        pairs = PairLogps(_meta(n), _meta(n), torch.ones(n).to(META), torch.ones(n).to(META))
+        calls.append(("preference_loss", name, lambda fn=fn, p=pairs: fn(p, p)))
+    return calls
+
+
+def test_every_learner_side_plugin_runs_on_the_learners_device():
+    """A loss plugin that builds a tensor on the CPU (a constant, a mask, a zero) fails on a GPU
+    learner; on `meta` it fails the same way here. Covers plugins added later too."""
+    calls = _learner_plugin_calls()
+    assert {kind for kind, _, _ in calls} == {"policy_loss", "kl", "distill_loss", "preference_loss"}
+    failed = []
+    for kind, name, call in calls:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported with its plugin
+            failed.append(f"{kind} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    assert failed == [], "\n".join(failed)
+
