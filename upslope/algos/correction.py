@@ -10,16 +10,19 @@ exp(sum_t log rho_t) -- the true importance weight of the whole completion, the 
 length-independent per-sequence ratio in the spirit of GSPO. Weights are min(rho, cap);
 tokens (token level) or whole rows (sequence levels) with rho outside [mask_low, mask_high]
 are masked out (weight 0). Everything is computed in log space, so long sequences cannot overflow.
+Each token's log rho is clamped to +-20 and inf - inf (both log-probs -inf) counts as 0, as in the
+policy losses (`common.clamp_log_ratio`), so no weight or metric is ever NaN.
 """
 import math
 
 import torch
 from torch import Tensor
 
-from upslope.algos.common import masked_mean
+from upslope.algos.common import clamp_log_ratio, masked_mean
 from upslope.errors import ConfigError
 
 LEVELS = ("token", "sequence", "geometric")
+_MAX_LOG_RATIO = 20.0  # the policy losses' bound
 
 
 def importance_correction(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, level: str = "token",
@@ -38,7 +41,7 @@ def importance_correction(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: 
     valid = mask > 0
     diff = (old_logprobs - sampler_logprobs).detach()
     diff = diff.to(torch.promote_types(diff.dtype, torch.float32))
-    log_rho = torch.where(valid, diff, torch.zeros_like(diff))
+    log_rho = torch.where(valid, clamp_log_ratio(diff, _MAX_LOG_RATIO), torch.zeros_like(diff))
     if level == "token":
         unit_log, unit_valid = log_rho, valid
     else:

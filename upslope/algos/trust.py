@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from upslope.algos.common import clamp_log_ratio
 from upslope.algos.kl import k3
 from upslope.errors import ConfigError
 
@@ -50,7 +51,8 @@ def proxy_parts(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, 
     """(gain, gap): token means of (pi_new / pi_sampler - 1) * A and of D = k3(pi_new, pi_sampler) over mask > 0."""
     m = mask > 0
     n = m.sum().clamp(min=1)
-    lr = torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)).clamp(-20, 20)
+    # clamped to +-20 with inf - inf as 0, as the policy losses and k3 do (a NaN gain would veto every update)
+    lr = clamp_log_ratio(torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)), 20.0)
     gain = torch.where(m, torch.expm1(lr) * advantages, torch.zeros_like(lr)).sum() / n
     gap = torch.where(m, discrepancy(logprobs, sampler_logprobs), torch.zeros_like(lr)).sum() / n
     return float(gain), float(gap)
