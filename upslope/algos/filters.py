@@ -27,6 +27,9 @@ def nonzero_std(batch: Batch, *, tol: NonNegative = 0.0) -> Tensor:
     """DAPO dynamic sampling: keep groups whose rewards are not all equal (max - min > tol); they carry no signal.
 
     tol: keep a group only if its max - min reward exceeds this (>= 0; 0: any difference)
+
+    A group of one sample is dropped too (verl's DAPO recipe keeps it): under the grouped estimators'
+    default `singleton="zero"` its advantage is 0 (docs/methods.md, "Conventions").
     """
     if batch.rewards is None:
         raise ConfigError("filter 'nonzero_std' needs batch.rewards")
