@@ -92,8 +92,9 @@ class CorrectionConfig(Section):
 
     level: Literal["token", "sequence", "geometric"] = opt("token", "ratio per token, per sequence (product), or geometric mean")
     cap: float = opt(2.0, "truncate importance weights above this", gt=0)
-    mask_low: float | None = opt(None, "mask tokens/sequences whose ratio is below this", gt=0)
-    mask_high: float | None = opt(None, "mask tokens/sequences whose ratio is above this", gt=0)
+    mask_low: float | None = opt(None, "reject tokens/sequences whose ratio is below this: not trained, not counted in the "
+                                       "loss's normalisers (one extra no-grad forward with one update per batch)", gt=0)
+    mask_high: float | None = opt(None, "reject tokens/sequences whose ratio is above this (as mask_low)", gt=0)
 
 
 class DiscrepancyConfig(Section):

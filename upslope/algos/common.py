@@ -67,6 +67,9 @@ def group_normalize(values: Tensor, group_ids: Tensor, *, scale_by_std: bool = T
     return out.to(out_dtype)
 
 
+MAX_LOG_RATIO = 20.0  # the bound every log-ratio to another policy is clamped to (exp(20) ~ 5e8)
+
+
 def clamp_log_ratio(log_ratio: Tensor, bound: float | None) -> Tensor:
     """A log-ratio with NaN (inf - inf) as 0, clamped to +-bound (None: not clamped): never non-finite after exp."""
     x = torch.where(torch.isnan(log_ratio), torch.zeros_like(log_ratio), log_ratio)

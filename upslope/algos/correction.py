@@ -18,11 +18,10 @@ import math
 import torch
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio, masked_mean
+from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio, masked_mean
 from upslope.errors import ConfigError
 
 LEVELS = ("token", "sequence", "geometric")
-_MAX_LOG_RATIO = 20.0  # the policy losses' bound
 
 
 def importance_correction(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, level: str = "token",
@@ -41,7 +40,7 @@ def importance_correction(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: 
     valid = mask > 0
     diff = (old_logprobs - sampler_logprobs).detach()
     diff = diff.to(torch.promote_types(diff.dtype, torch.float32))
-    log_rho = torch.where(valid, clamp_log_ratio(diff, _MAX_LOG_RATIO), torch.zeros_like(diff))
+    log_rho = torch.where(valid, clamp_log_ratio(diff, MAX_LOG_RATIO), torch.zeros_like(diff))
     if level == "token":
         unit_log, unit_valid = log_rho, valid
     else:

@@ -18,12 +18,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio, masked_mean
+from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio, masked_mean
 from upslope.bounds import NonNegative
 from upslope.errors import ConfigError
 from upslope.registry import DISTILL_LOSSES
 
-_MAX_LOG_RATIO = 20.0
 
 
 @dataclass
@@ -55,7 +54,7 @@ def _renormalised(topk_logprobs: Tensor) -> Tensor:
 def sampled_log_ratio(x: DistillInputs) -> Tensor:
     """k_t = log p_s(x_t) - log p_t(x_t), detached: with x_t ~ p_s, E[k_t] = KL(p_s || p_t) at t."""
     lr = (x.logprobs - x.teacher_logprobs).detach()
-    return clamp_log_ratio(_zero_off(lr, x.mask), _MAX_LOG_RATIO)
+    return clamp_log_ratio(_zero_off(lr, x.mask), MAX_LOG_RATIO)
 
 
 def topk_reverse_kl(student_topk: Tensor, teacher_topk: Tensor) -> Tensor:
@@ -90,7 +89,7 @@ def sampled_rkl(x: DistillInputs) -> tuple[Tensor, dict[str, Tensor]]:
     """
     k = sampled_log_ratio(x)
     old = x.old_logprobs if x.old_logprobs is not None else x.logprobs
-    log_ratio = clamp_log_ratio(_zero_off(x.logprobs - old.detach(), x.mask), _MAX_LOG_RATIO)
+    log_ratio = clamp_log_ratio(_zero_off(x.logprobs - old.detach(), x.mask), MAX_LOG_RATIO)
     return _zero_off(k * torch.exp(log_ratio), x.mask), {}
 
 

@@ -14,15 +14,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio, masked_mean
+from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio, masked_mean
 from upslope.bounds import ClipLow, NonNegative, PositiveFraction
 from upslope.errors import ConfigError
 from upslope.registry import POLICY_LOSSES
 
-_MAX_LOG_RATIO = 20.0
 
 
-def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, bound: float | None = _MAX_LOG_RATIO) -> Tensor:
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, bound: float | None = MAX_LOG_RATIO) -> Tensor:
     """logprobs - old_logprobs (old detached) on mask > 0, 0 elsewhere and for NaN (inf - inf), clamped to +-bound."""
     return clamp_log_ratio(torch.where(mask > 0, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs)), bound)
 
@@ -93,11 +92,11 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
     _check_eps(eps_low, eps_high)
     if clamp not in ("sequence", "token", "none"):
         raise ConfigError(f"gspo clamp must be sequence, token or none (got {clamp!r})")
-    lr = _log_ratio(logprobs, old_logprobs, mask, _MAX_LOG_RATIO if clamp == "token" else None)
+    lr = _log_ratio(logprobs, old_logprobs, mask, MAX_LOG_RATIO if clamp == "token" else None)
     n = (mask > 0).sum(dim=1, keepdim=True).clamp(min=1)
     seq_lr = lr.detach().sum(dim=1, keepdim=True) / n
     if clamp == "sequence":
-        seq_lr = seq_lr.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        seq_lr = seq_lr.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     lp = _zero_off(logprobs, mask)
     ratio = torch.exp(seq_lr + lp - lp.detach())
     return _clipped(ratio, _zero_off(advantages.detach(), mask), mask, eps_low, eps_high, None)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio
+from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio
 from upslope.algos.kl import k3
 from upslope.errors import ConfigError
 
@@ -52,7 +52,7 @@ def proxy_parts(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, 
     m = mask > 0
     n = m.sum().clamp(min=1)
     # clamped to +-20 with inf - inf as 0, as the policy losses and k3 do (a NaN gain would veto every update)
-    lr = clamp_log_ratio(torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)), 20.0)
+    lr = clamp_log_ratio(torch.where(m, logprobs - sampler_logprobs, torch.zeros_like(logprobs)), MAX_LOG_RATIO)
     gain = torch.where(m, torch.expm1(lr) * advantages, torch.zeros_like(lr)).sum() / n
     gap = torch.where(m, discrepancy(logprobs, sampler_logprobs), torch.zeros_like(lr)).sum() / n
     return float(gain), float(gap)

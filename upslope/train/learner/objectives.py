@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from upslope.algos.aggregate import aggregate, normalizer
+from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio
 from upslope.algos.correction import importance_correction
 from upslope.algos.kl import AdaptiveKLController, FixedKLController
 from upslope.algos.trust import DualController, discrepancy, proxy_parts
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
     from upslope.train.learner.updater import Updater
 
 Metrics = dict[str, float]
+
+
+def mismatch(logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |log p_learner - log p_sampler| over the trained tokens; the gap is clamped as the
+    losses clamp log-ratios (both -inf counts as 0), so the metric is never NaN."""
+    gap = clamp_log_ratio(logprobs - sampler_logprobs, MAX_LOG_RATIO).abs()
+    return float((gap * mask).sum()) / max(float(mask.sum()), 1.0)
 
 
 def zero_advantage_rows(batch: Batch) -> torch.Tensor:
@@ -172,6 +180,9 @@ class RLObjective(Objective):
         self.skips_rows = (train.skip_zero_advantage and not self.kl_in_loss and not algo.entropy_coef
                            and self.dual is None
                            and bool(POLICY_LOSSES.get(algo.policy_loss.name).attrs.get("zero_at_zero_advantage")))
+        c = algo.correction
+        self.rejects = c is not None and (c.mask_low is not None or c.mask_high is not None)
+        self.rejection = {"units": 0.0, "rejected": 0.0}  # the update's correction units (tokens or rows), rejected
 
     @classmethod
     def from_config(cls, cfg: Any, updater: "Updater") -> "RLObjective":
@@ -248,10 +259,34 @@ class RLObjective(Objective):
     # ------------------------------------------------------------------ Objective hooks
 
     def prepare(self, batch: Batch, updater: "Updater") -> Batch:
-        """Old log-probs cost a forward pass only when there is more than one optimiser step per batch."""
-        if not self.one_pass and batch.old_logprobs is None:
+        """Old log-probs cost a forward pass only when there is more than one optimiser step per batch,
+        or when the importance correction rejects tokens (mask_low / mask_high): those are known
+        before the update, and leave the loss mask here, before the loss's normalisers count it."""
+        if (not self.one_pass or self.rejects) and batch.old_logprobs is None:
             batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=self.temperature))
-        return batch
+        return self._without_rejected(batch) if self.rejects else batch
+
+    def _old(self, mb: Batch, lp: torch.Tensor) -> torch.Tensor:
+        """The log-probs the policy loss's ratio is taken against (algo.old_policy)."""
+        if self.algo.old_policy == "sampler":  # behaviour-policy ratio: the weights that generated the samples
+            return mb.sampler_logprobs
+        return mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+
+    def _without_rejected(self, batch: Batch) -> Batch:
+        """The batch whose loss mask drops the tokens (token level) or rows (sequence levels) whose
+        ratio to the sampler is outside [mask_low, mask_high]: they are not trained and count in no
+        normaliser, as in verl's rollout rejection. Counts them for the update's `tis/masked_frac`."""
+        c = self.algo.correction
+        assert c is not None and batch.old_logprobs is not None
+        _, kept, _ = importance_correction(self._old(batch, batch.old_logprobs), batch.sampler_logprobs,
+                                           batch.loss_mask, level=c.level, cap=c.cap, mask_low=c.mask_low,
+                                           mask_high=c.mask_high)
+        before, after = batch.loss_mask > 0, kept > 0
+        if c.level != "token":  # the sequence levels reject whole rows: count rows with a trained token
+            before, after = before.any(dim=1), after.any(dim=1)
+        self.rejection["units"] += float(before.sum())
+        self.rejection["rejected"] += float((before & ~after).sum())
+        return replace(batch, loss_mask=kept)
 
     def skip_rows(self, mini: Batch) -> torch.Tensor:
         return zero_advantage_rows(mini)
@@ -268,10 +303,7 @@ class RLObjective(Objective):
     def loss(self, lp: torch.Tensor, ent: torch.Tensor, mb: Batch, norms: Metrics,
              gathered: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
         algo, mask = self.algo, mb.loss_mask
-        if algo.old_policy == "sampler":  # behaviour-policy ratio: the weights that generated the samples
-            old = mb.sampler_logprobs
-        else:
-            old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        old = self._old(mb, lp)
         per_token, metrics = self.policy_loss(lp, old, mb.advantages, mask, **self.stats)
         metrics = dict(metrics)
         if algo.correction is not None:
@@ -292,7 +324,7 @@ class RLObjective(Objective):
         if algo.entropy_coef:
             per_token = per_token - algo.entropy_coef * ent
         if self.one_pass:  # this forward is the policy that was sampled
-            metrics["mismatch"] = float(((lp.detach() - mb.sampler_logprobs).abs() * mask).sum()) / ntok
+            metrics["mismatch"] = mismatch(lp.detach(), mb.sampler_logprobs, mask)
         loss = aggregate(per_token, mask, algo.loss_agg, num_tokens=norms["num_tokens"],
                          num_seqs=norms["num_seqs"], constant=self.constant)
         return loss, metrics
@@ -302,11 +334,13 @@ class RLObjective(Objective):
         return normalizer(self.algo.loss_agg, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"])
 
     def finish(self, batch: Batch) -> Metrics:
-        if batch.old_logprobs is None:
-            return {}
-        m = batch.loss_mask
-        return {"mismatch": float(((batch.old_logprobs - batch.sampler_logprobs).abs() * m).sum()
-                                  / m.sum().clamp(min=1))}
+        out: Metrics = {}
+        if self.rejects:  # what prepare rejected (the micro-batches saw only the kept tokens)
+            out["tis/masked_frac"] = self.rejection["rejected"] / max(self.rejection["units"], 1.0)
+            self.rejection = {"units": 0.0, "rejected": 0.0}
+        if batch.old_logprobs is not None:
+            out["mismatch"] = mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
+        return out
 
 
 class DistillObjective(Objective):
