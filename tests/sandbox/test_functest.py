@@ -87,3 +87,17 @@ def test_hung_test_code_or_program_ends_at_the_limit(sandbox):
     t = time.monotonic()
     _, v = verdict(sandbox, "def f(x):\n    return x\n", "def check(candidate):\n    while True:\n        pass\n", "f", timeout_s=1.5)
     assert not v.passed and v.kind == "timeout" and time.monotonic() - t < 6
+
+
+@pytest.mark.parametrize("code,kinds", [
+    ("def f(x):\n    import os\n    os._exit(0)\n", ("exited",)),
+    ("def f(x):\n    return object()\n", ("failed",)),  # cannot cross: not an exception of the program's
+    ("def f(x):\n    import time\n    time.sleep(30)\n", ("timeout", "exited")),  # the wall clock may kill it first
+])
+def test_an_ending_the_test_code_catches_still_fails(sandbox, code, kinds):
+    """The program's exit, hang or an uncrossable value is no exception of the program's: a
+    test that wraps its calls in a bare except (or except BaseException) still fails."""
+    test = ("def check(candidate):\n    for _ in range(3):\n        try:\n            candidate(1)\n"
+            "        except BaseException:\n            pass\n")
+    _, v = verdict(sandbox, code, test, "f", timeout_s=1.5)
+    assert not v.passed and v.kind in kinds, v

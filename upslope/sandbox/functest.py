@@ -83,16 +83,26 @@ def _upslope_serve():
                 elif callable(target):
                     send({"kind": "callable"})
                 else:
-                    send({"kind": "value", "v": encode(target)})
+                    try:
+                        send({"kind": "value", "v": encode(target)})
+                    except WireError as exc:
+                        send({"cannot_cross": str(exc)})
                 continue
             if target is _upslope_serve:
                 raise NameError("name %r is not defined" % req.get("name"))
             args = decode(req["args"])
             kwargs = decode(req["kwargs"])
-            send({"ok": encode(target(*args, **kwargs))})
+            result = target(*args, **kwargs)
         except BaseException as exc:
             send(failure(exc))
+            continue
+        try:  # a value that cannot cross is no exception of the program's: the checker fails the test
+            data = dumps({"ok": encode(result)})
+        except WireError as exc:
+            data = dumps({"cannot_cross": str(exc)})
         sys.stdout.flush()
+        out.write(data)
+        out.flush()
 
 
 _upslope_serve()
@@ -113,8 +123,11 @@ class CandidateError(Exception):
     pass
 
 
-class Stop(Exception):
-    """The run cannot continue: the verdict kind and why."""
+class Stop(BaseException):
+    """The run cannot continue (the program exited, hung, or answered with something that is
+    not a plain value or an exception): the verdict kind and why. Not an Exception, and the
+    channel remembers the first one, so test code that catches exceptions around a call
+    (`except Exception`, a bare `except`) cannot turn it into a pass."""
 
     def __init__(self, kind, detail):
         super().__init__(detail)
@@ -125,44 +138,59 @@ class Channel:
     def __init__(self, rfd, wfd, deadline, cap):
         self.rfd, self.wfd, self.deadline, self.cap = rfd, wfd, deadline, cap
         self.buf = b""
+        self.stopped = None  # the first Stop: it decides the verdict whatever the test did with it
+
+    def stop(self, kind, detail):
+        exc = Stop(kind, detail)
+        if self.stopped is None:
+            self.stopped = exc
+        return exc
 
     def send(self, msg):
+        if self.stopped is not None:
+            raise self.stopped
         data = frame(msg)
         while data:
             try:
                 data = data[os.write(self.wfd, data):]
             except BrokenPipeError:
-                raise Stop("exited", "the program exited before its tests finished") from None
+                raise self.stop("exited", "the program exited before its tests finished") from None
 
     def recv(self):
+        if self.stopped is not None:
+            raise self.stopped
         while b"\\n" not in self.buf:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise Stop("timeout", "past the time limit")
+                raise self.stop("timeout", "past the time limit")
             ready, _, _ = select.select([self.rfd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(self.rfd, 1 << 16)
             if not chunk:
-                raise Stop("exited", "the program exited before its tests finished")
+                raise self.stop("exited", "the program exited before its tests finished")
             self.buf += chunk
             if len(self.buf) > self.cap:
-                raise Stop("failed", "a reply larger than the output limit")
+                raise self.stop("failed", "a reply larger than the output limit")
         line, _, self.buf = self.buf.partition(b"\\n")
         try:
             msg = loads(line)
         except WireError as exc:
-            raise Stop("failed", "malformed reply: %s" % exc) from None
+            raise self.stop("failed", "malformed reply: %s" % exc) from None
         if type(msg) is not dict:
-            raise Stop("failed", "malformed reply")
+            raise self.stop("failed", "malformed reply")
         return msg
 
 
-def _raise_from(msg):
+def _raise_from(chan, msg):
     name, text = msg.get("raise"), msg.get("msg")
     text = text if type(text) is str else ""
+    if "cannot_cross" in msg:
+        raise chan.stop("failed", "a value that cannot cross: %s" % str(msg["cannot_cross"])[:500])
+    if type(name) is not str:
+        raise chan.stop("failed", "malformed reply")
     if name == "MemoryError":
-        raise Stop("memory", "the program ran out of memory")
+        raise chan.stop("memory", "the program ran out of memory")
     cls = _MAPPED.get(name, CandidateError)
     raise cls("%s: %s" % (name, text) if cls is CandidateError else text)
 
@@ -176,8 +204,8 @@ def _proxy(chan, name):
             try:
                 return decode(msg["ok"])
             except WireError as exc:
-                raise Stop("failed", "bad return value: %s" % exc) from None
-        _raise_from(msg)
+                raise chan.stop("failed", "bad return value: %s" % exc) from None
+        _raise_from(chan, msg)
     proxy.__name__ = name
     return proxy
 
@@ -205,9 +233,9 @@ def _check(spec, chan):
         kind = "syntax_error" if name in ("SyntaxError", "IndentationError", "TabError") else "load_error"
         if name == "MemoryError":
             kind = "memory"
-        raise Stop(kind, "%s: %s" % (name, first.get("msg")))
+        raise chan.stop(kind, "%s: %s" % (name, first.get("msg")))
     if first.get("ready") is not True:
-        raise Stop("failed", "malformed first reply")
+        raise chan.stop("failed", "malformed first reply")
     ns = {"__name__": "__upslope_check__", "__builtins__": builtins}
     exec(compile(spec["prefix"], "<prefix>", "exec", optimize=0), ns)
     test = spec["test"]
@@ -229,7 +257,9 @@ def _check(spec, chan):
                 try:
                     ns[name] = decode(msg.get("v"))
                 except WireError as exc:
-                    raise Stop("failed", "bad value of %s: %s" % (name, exc)) from None
+                    raise chan.stop("failed", "bad value of %s: %s" % (name, exc)) from None
+            elif msg.get("kind") != "missing":
+                _raise_from(chan, msg)
     exec(compile(test, "<test>", "exec", optimize=0), ns)
     if entry:
         ns["check"](ns[entry])
@@ -240,13 +270,16 @@ def judge(spec, rfd, wfd):
     chan = Channel(rfd, wfd, time.monotonic() + spec["timeout_s"], spec["cap"])
     try:
         _check(spec, chan)
-        return {"passed": True, "kind": "ok", "detail": ""}
-    except Stop as exc:
-        return {"passed": False, "kind": exc.kind, "detail": exc.detail[:2000]}
+        verdict = {"passed": True, "kind": "ok", "detail": ""}
+    except Stop:
+        verdict = None
     except AssertionError as exc:
-        return {"passed": False, "kind": "failed", "detail": ("AssertionError: %s" % exc)[:2000]}
+        verdict = {"passed": False, "kind": "failed", "detail": ("AssertionError: %s" % exc)[:2000]}
     except BaseException as exc:
-        return {"passed": False, "kind": "failed", "detail": ("%s: %s" % (type(exc).__name__, exc))[:2000]}
+        verdict = {"passed": False, "kind": "failed", "detail": ("%s: %s" % (type(exc).__name__, exc))[:2000]}
+    if chan.stopped is not None:  # even where the test code caught it and went on
+        return {"passed": False, "kind": chan.stopped.kind, "detail": chan.stopped.detail[:2000]}
+    return verdict
 
 
 def main():
