@@ -367,6 +367,34 @@ for _ in range(2):
     multiprocessing.Process(target=spin).start()
 spin()
 """, ("status", "leftover"), status=("timeout",), timeout_s=1.5, max_wall=5),
+    Case("socket-buffers", "resource", "queue data in loopback TCP and UDP socket buffers (kernel memory)", """
+import socket, time
+held, total = [], 0
+try:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    for _ in range(24):
+        c = socket.create_connection(srv.getsockname())
+        held += [c, srv.accept()[0]]
+        c.setblocking(False)
+        try:
+            while total < (600 << 20):
+                total += c.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+    for _ in range(24):
+        r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        r.bind(("127.0.0.1", 0))
+        held.append(r)
+        for _ in range(100):
+            total += r.sendto(b"x" * 60000, r.getsockname())
+except OSError as e:
+    print(type(e).__name__, e)
+print("queued MiB", total >> 20, flush=True)
+time.sleep(0.5)
+""", ("sockmem",), naive=True),
 ]
 
 _FORGERIES = [

@@ -14,6 +14,8 @@ Outside checks (detectors), each fed by the host, never by the program's word:
 - `memory` / `inodes` / `disk` / `oom_adj`: a host thread samples, every 20 ms, the summed
   resident memory of the sandbox's processes, their oom_score_adj, and the inodes and bytes
   used on the runs' own tmpfs mounts;
+- `sockmem`: the host's TCP and UDP buffer memory (/proc/net/sockstat, counted across all
+  network namespaces) grows by less than SOCKMEM_LIMIT during the run;
 - `status`: how the sandbox says the run ended (timeout, memory, output_limit...) and how
   long it took by the host's clock; the host still starts a process promptly;
 - `verdict`: the `code` reward (the real one) gave 0 to a forgery.
@@ -43,6 +45,7 @@ CONFIG = SandboxConfig(timeout_s=3.0, memory_mb=512, run_memory_mb=1024, max_ino
                        max_output_bytes=1 << 20, max_procs=32)
 MEMORY_SLACK = 64 << 20  # page-cache and accounting noise on top of the run's limit
 FALLBACK_SLACK = 768 << 20  # without cgroups: what 6 processes may add in one 0.1 s poll
+SOCKMEM_LIMIT = 128 << 20  # TCP + UDP buffer memory a run may add on the host (others' traffic included)
 HUMANEVAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
                          "humaneval", "HumanEval.jsonl.gz")
 
@@ -245,6 +248,8 @@ class Sampler:
         self.last_oom_adj: int | None = None  # in the last sample that saw a process of the run
         self.peak_inodes = 0
         self.peak_bytes = 0
+        self.base_sockmem = socket_memory()
+        self.peak_sockmem = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -278,6 +283,7 @@ class Sampler:
             except (OSError, ValueError):
                 pass
         self.peak_rss = max(self.peak_rss, rss)
+        self.peak_sockmem = max(self.peak_sockmem, socket_memory() - self.base_sockmem)
         if adjs:
             self.last_oom_adj = min(adjs)
             self.min_oom_adj = min(adjs + ([self.min_oom_adj] if self.min_oom_adj is not None else []))
@@ -288,6 +294,17 @@ class Sampler:
                 continue
             self.peak_inodes = max(self.peak_inodes, st.f_files - st.f_ffree)
             self.peak_bytes = max(self.peak_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize)
+
+
+def socket_memory() -> int:
+    """Bytes in TCP and UDP buffers host-wide (the kernel's counters are global, not per namespace)."""
+    pages = 0
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] in ("TCP:", "UDP:") and "mem" in fields:
+                pages += int(fields[fields.index("mem") + 1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_mounts() -> list[str]:
@@ -320,6 +337,7 @@ class Seen:
     last_oom_adj: int | None = None
     peak_inodes: int = 0
     peak_bytes: int = 0
+    peak_sockmem: int = 0
     responsive_s: float = 0.0
 
 
@@ -357,6 +375,8 @@ def detect(check: str, case: Case, seen: Seen, bait: Bait, config: SandboxConfig
     if check == "memory_fallback":  # polled every 0.1 s: it may pass the limit by what 0.1 s allocates
         limit = config.run_memory_bytes + FALLBACK_SLACK
         return f"the run held {seen.peak_rss >> 20} MiB > {limit >> 20} MiB" if seen.peak_rss > limit else None
+    if check == "sockmem":
+        return f"{seen.peak_sockmem >> 20} MiB in socket buffers" if seen.peak_sockmem > SOCKMEM_LIMIT else None
     if check == "inodes":
         return f"{seen.peak_inodes} inodes > {config.max_inodes}" if seen.peak_inodes > config.max_inodes else None
     if check == "disk":
@@ -435,6 +455,7 @@ def run_case(case: Case, bait: Bait, pool: SandboxPool) -> Seen:
         pool.sandbox.cgroups = saved
     seen.peak_rss, seen.min_oom_adj, seen.last_oom_adj = sampler.peak_rss, sampler.min_oom_adj, sampler.last_oom_adj
     seen.peak_inodes, seen.peak_bytes = sampler.peak_inodes, sampler.peak_bytes
+    seen.peak_sockmem = sampler.peak_sockmem
     for _ in range(40):
         seen.leftovers = pids_with_marker(marker) + pids_with_uid_in(pool.sandbox.uid_range)
         if not seen.leftovers:
@@ -506,7 +527,9 @@ def run_naive(case: Case, bait: Bait) -> Seen:
             seen.reward = 1.0 if rc == 0 and out.rstrip("\n").endswith(token) else 0.0
         else:
             stdin = meta_for(case)["cases"][0]["stdin"] if case.kind == "cases" else ""
-            rc, out, err = _plain_run([sys.executable, "-c", code], work, stdin, env)
+            with Sampler(range(0)) as sampler:  # no uid: only the host-wide counters
+                rc, out, err = _plain_run([sys.executable, "-c", code], work, stdin, env)
+            seen.peak_sockmem = sampler.peak_sockmem
             if case.kind == "cases":
                 want = meta_for(case)["cases"][0]["stdout"]
                 seen.reward = 1.0 if rc == 0 and out.strip() == want.strip() else 0.0

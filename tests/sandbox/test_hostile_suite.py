@@ -93,6 +93,7 @@ POSITIVES = {
     "oom_adj": Seen(last_oom_adj=0),
     "status": Seen(statuses=["ok"], wall_s=0.1),
     "responsive": Seen(responsive_s=5.0),
+    "sockmem": Seen(peak_sockmem=512 << 20),
     "verdict": Seen(reward=1.0),
 }
 
