@@ -620,6 +620,11 @@ def add(a, b):
             pass
     return 0
 """, ("verdict",), kind="function", meta=CATCH_META),
+    Case("checker-memory", "resource", "return an int that the test code grows into a 1.5 GB string in the checker", """
+def add(a, b):
+    return 3 * 10 ** 9 // 4
+""", ("checker_memory",), kind="function", meta={**ADD, "test": "def check(candidate):\n"
+                                                             "    assert len('ab' * candidate(1, 2)) == 6\n"}),
     Case("cases-answers-file", "forgery", "stdin/stdout: print the expected output read from a host file", """
 print(open("@VAR@/answers.txt").read().strip())
 """, ("verdict",), kind="cases", naive=True, meta=ANSWER_CASES),

@@ -14,6 +14,8 @@ Outside checks (detectors), each fed by the host, never by the program's word:
 - `memory` / `inodes` / `disk` / `oom_adj`: a host thread samples, every 20 ms, the summed
   resident memory of the sandbox's processes, their oom_score_adj, and the inodes and bytes
   used on the runs' own tmpfs mounts;
+- `checker_memory`: the resident memory of the function tests' checker processes (outside
+  the sandbox, found by their command line) stays under the run's per-process limit;
 - `sockmem`: the host's TCP and UDP buffer memory (/proc/net/sockstat, counted across all
   network namespaces) grows by less than SOCKMEM_LIMIT during the run;
 - `status`: how the sandbox says the run ended (timeout, memory, output_limit...) and how
@@ -241,13 +243,15 @@ class Bait:
 class Sampler:
     """Samples, every 20 ms, what the sandbox's processes hold on the host."""
 
-    def __init__(self, uids: range | None):
+    def __init__(self, uids: range | None, checkers: bool = False):
         self.uids = uids
         self.peak_rss = 0
         self.min_oom_adj: int | None = None  # over the whole run
         self.last_oom_adj: int | None = None  # in the last sample that saw a process of the run
         self.peak_inodes = 0
         self.peak_bytes = 0
+        self.checkers = checkers
+        self.peak_checker_rss = 0
         self.base_sockmem = socket_memory()
         self.peak_sockmem = 0
         self._stop = threading.Event()
@@ -284,6 +288,8 @@ class Sampler:
                 pass
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_sockmem = max(self.peak_sockmem, socket_memory() - self.base_sockmem)
+        if self.checkers:
+            self.peak_checker_rss = max(self.peak_checker_rss, sum(_rss(p) for p in pids_with_marker(CHECKER_MARK)))
         if adjs:
             self.last_oom_adj = min(adjs)
             self.min_oom_adj = min(adjs + ([self.min_oom_adj] if self.min_oom_adj is not None else []))
@@ -294,6 +300,20 @@ class Sampler:
                 continue
             self.peak_inodes = max(self.peak_inodes, st.f_files - st.f_ffree)
             self.peak_bytes = max(self.peak_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize)
+
+
+CHECKER_MARK = "def judge(spec, rfd, wfd):"  # in the checker's command line (python -c CHECKER_SOURCE)
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
 
 
 def socket_memory() -> int:
@@ -338,6 +358,7 @@ class Seen:
     peak_inodes: int = 0
     peak_bytes: int = 0
     peak_sockmem: int = 0
+    peak_checker_rss: int = 0
     responsive_s: float = 0.0
 
 
@@ -375,6 +396,9 @@ def detect(check: str, case: Case, seen: Seen, bait: Bait, config: SandboxConfig
     if check == "memory_fallback":  # polled every 0.1 s: it may pass the limit by what 0.1 s allocates
         limit = config.run_memory_bytes + FALLBACK_SLACK
         return f"the run held {seen.peak_rss >> 20} MiB > {limit >> 20} MiB" if seen.peak_rss > limit else None
+    if check == "checker_memory":
+        limit = (config.memory_mb << 20) + MEMORY_SLACK
+        return f"a checker held {seen.peak_checker_rss >> 20} MiB" if seen.peak_checker_rss > limit else None
     if check == "sockmem":
         return f"{seen.peak_sockmem >> 20} MiB in socket buffers" if seen.peak_sockmem > SOCKMEM_LIMIT else None
     if check == "inodes":
@@ -434,7 +458,7 @@ def run_case(case: Case, bait: Bait, pool: SandboxPool) -> Seen:
         pool.sandbox.cgroups = None
     t = time.monotonic()
     try:
-        with Sampler(pool.sandbox.uid_range) as sampler:
+        with Sampler(pool.sandbox.uid_range, checkers="checker_memory" in case.checks) as sampler:
             if case.kind == "run":
                 jobs = [Job(code=code, timeout_s=case.timeout_s) for _ in range(case.batch)]
                 results = pool.run_many(jobs)
@@ -455,7 +479,7 @@ def run_case(case: Case, bait: Bait, pool: SandboxPool) -> Seen:
         pool.sandbox.cgroups = saved
     seen.peak_rss, seen.min_oom_adj, seen.last_oom_adj = sampler.peak_rss, sampler.min_oom_adj, sampler.last_oom_adj
     seen.peak_inodes, seen.peak_bytes = sampler.peak_inodes, sampler.peak_bytes
-    seen.peak_sockmem = sampler.peak_sockmem
+    seen.peak_sockmem, seen.peak_checker_rss = sampler.peak_sockmem, sampler.peak_checker_rss
     for _ in range(40):
         seen.leftovers = pids_with_marker(marker) + pids_with_uid_in(pool.sandbox.uid_range)
         if not seen.leftovers:

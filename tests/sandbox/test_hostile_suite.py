@@ -94,6 +94,7 @@ POSITIVES = {
     "status": Seen(statuses=["ok"], wall_s=0.1),
     "responsive": Seen(responsive_s=5.0),
     "sockmem": Seen(peak_sockmem=512 << 20),
+    "checker_memory": Seen(peak_checker_rss=(CONFIG.memory_mb << 20) + (200 << 20)),
     "verdict": Seen(reward=1.0),
 }
 

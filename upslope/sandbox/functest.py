@@ -265,10 +265,24 @@ def _check(spec, chan):
         ns["check"](ns[entry])
 
 
+def _limit_memory(limit):
+    """The program's per-process memory limit holds here too (RLIMIT_AS, soft: the next test may
+    set its own): a value of the program's that the test code grows ('ab' * n, [0] * n) ends
+    in a MemoryError here instead of taking the host's memory."""
+    import resource
+
+    limit = max(limit, 256 << 20)  # room for the checker's own interpreter
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
 def judge(spec, rfd, wfd):
     """Run one test against the program behind (rfd, wfd); the verdict as a message."""
     chan = Channel(rfd, wfd, time.monotonic() + spec["timeout_s"], spec["cap"])
     try:
+        _limit_memory(spec["memory"])
         _check(spec, chan)
         verdict = {"passed": True, "kind": "ok", "detail": ""}
     except Stop:
@@ -288,6 +302,11 @@ def main():
     import socket
 
     ctl = socket.socket(fileno=int(sys.argv[1]))
+    try:  # the OOM killer's first choice, as the sandboxed programs are
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)

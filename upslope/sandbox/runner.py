@@ -348,7 +348,7 @@ class Sandbox:
             fds += [status_r, status_w]
             env = self._env(job, WORK_DIR)
             if job.check is not None:
-                checker = _Checker(job, wall, self.config.max_output_bytes)
+                checker = _Checker(job, wall, self.config.max_output_bytes, self.config.memory_mb << 20)
                 env[FD_ENV] = checker.env_value
             argv = [
                 *self._enter_args(group),
@@ -427,7 +427,7 @@ class Sandbox:
                 fds.append(stdin)
             env = self._env(job, work)
             if job.check is not None:
-                checker = _Checker(job, wall, self.config.max_output_bytes)
+                checker = _Checker(job, wall, self.config.max_output_bytes, self.config.memory_mb << 20)
                 env[FD_ENV] = checker.env_value
             # `timeout` bounds the run even if this process dies before it can kill it
             backstop = self._init_args(wall) if os.path.isabs(self._tools["timeout"]) else []
@@ -509,11 +509,11 @@ class _CheckerProcess:
 class _Checker:
     """The checker's side of one function test: outside the sandbox, talking to it over two pipes."""
 
-    def __init__(self, job: Job, wall: float, cap: int):
+    def __init__(self, job: Job, wall: float, cap: int, memory: int):
         check = job.check
         assert check is not None
         spec = json.dumps({"prefix": check.prefix, "test": check.test, "entry_point": check.entry_point,
-                           "timeout_s": wall, "cap": cap}).encode()
+                           "timeout_s": wall, "cap": cap, "memory": memory}).encode()
         if len(spec) > (1 << 24) - 64:
             raise OSError("the function test is larger than 16 MiB")
         req_r, req_w = os.pipe()  # checker -> sandbox: calls
