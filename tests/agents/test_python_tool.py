@@ -35,7 +35,7 @@ def test_a_hostile_call_cannot_read_a_host_file_or_the_network(box, tmp_path):
     out = run(box, f"print(open({str(secret)!r}).read())")
     assert "hunter2" not in out and "FileNotFoundError" in out
     out = run(box, "import socket; socket.create_connection(('127.0.0.1', 22), timeout=1); print('CONN' + 'ECTED')")
-    assert "CONNECTED" not in out and "ConnectionRefusedError" in out
+    assert "CONNECTED" not in out and "Address family not supported" in out  # no network socket can be made
 
 
 def test_a_hanging_program_is_killed_and_reported():
