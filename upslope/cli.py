@@ -96,15 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plugins_command(rest: list[str]) -> int:
     """`upslope plugins [KIND] [--markdown] [plugins=[...]]`: what the registries hold."""
-    import yaml
-
     from upslope.catalog import plugins_markdown, plugins_text
     from upslope.plugins import import_plugins
+    from upslope.yaml_strict import parse_value
 
     kind, markdown = None, False
     for a in rest:
         if a.startswith("plugins="):
-            import_plugins(yaml.safe_load(a.partition("=")[2]) or [])
+            import_plugins(parse_value(a.partition("=")[2], "plugins") or [])
         elif a == "--markdown":
             markdown = True
         elif "=" in a or a.startswith("-") or kind is not None:

@@ -9,16 +9,19 @@ are imported, every such name is checked against its registry.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from upslope.config_base import Plugin, RewardSpec, Section, opt, opt_factory
+from upslope.config_base import SEED_RANGE, Plugin, RewardSpec, Section, opt, opt_factory
 from upslope.config_commands import (DistConfig, DistillConfig, DPOConfig, PipelineConfig, RandOptConfig, RFTConfig,
                                      RMConfig, SFTConfig)
 from upslope.errors import ConfigError, UpslopeError
+from upslope.yaml_strict import load_yaml, parse_value
 
 
 class ModelConfig(Section):
@@ -53,7 +56,7 @@ class EngineConfig(Section):
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
-    seed: int = opt(0, "engine sampling seed")
+    seed: int = opt(0, "engine sampling seed (0 <= seed < 2**32)", **SEED_RANGE)
 
 
 class DataConfig(Section):
@@ -196,7 +199,8 @@ class TrainConfig(Section):
                                           "no entropy bonus)")
     threads: int = opt(0, "torch threads (0: auto, fitted at each rollout to the cores that are free, so a core "
                           "another process keeps busy is left out; with deterministic: every usable core)", ge=0)
-    seed: int = opt(0, "seed for data order, sampling and init")
+    seed: int = opt(0, "seed for data order, sampling and init (0 <= seed < 2**32: the data order's generator "
+                       "takes seed x 7919 + epoch)", **SEED_RANGE)
     deterministic: bool = opt(False, "deterministic algorithms (bitwise-repeatable on CPU)")
     eval_every: int = opt(10, "evaluate every N steps (0: only before and after)", ge=0)
     eval_at: list[Annotated[int, Field(ge=1)]] = opt([], "also evaluate after these steps (e.g. the rungs of "
@@ -245,6 +249,17 @@ class EvalConfig(Section):
                                             "selective_risk and aurc (answers ranked by mean token log-prob, "
                                             "abstentions last)")
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
+
+    @field_validator("confidence_pattern", "abstain_pattern")
+    @classmethod
+    def _regex(cls, pattern: str | None) -> str | None:
+        """A pattern Python's re compiles (checked before any sample is generated)."""
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression ({exc})") from None
+        return pattern
 
     @field_validator("k")
     @classmethod
@@ -468,7 +483,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except UpslopeError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -511,10 +526,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override '{item}': expected key=value, e.g. train.steps=10")
     key, _, text = item.partition("=")
-    try:
-        value = yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        value = text
+    value = parse_value(text, f"override '{key}'")
     parts = key.strip().split(".")
     node = raw
     for p in parts[:-1]:
@@ -527,18 +539,48 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def _describe(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    """The first error of `exc` as `key: what was expected (got value)`; the alternatives of an option
+    that takes one of several types (e.g. an integer or 'auto') are all named."""
+    errors = exc.errors()
+    err = errors[0]
     loc = [str(x) for x in err["loc"]]
-    key = ".".join(loc)
+    key = _dotted(err["loc"])
     if err["type"] == "extra_forbidden":
         valid = _fields_at(loc[:-1])
         near = difflib.get_close_matches(loc[-1], valid, n=1)
-        hint = f"; did you mean '{'.'.join(loc[:-1] + [near[0]])}'?" if near else ""
+        hint = f"; did you mean '{_dotted((*err['loc'][:-1], near[0]))}'?" if near else ""
         return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
     given = err.get("input")
-    shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{key}: {msg}{shown}" if key else msg
+    msgs = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in errors if _dotted(e["loc"]) == key)
+    msg = " or ".join(msgs)
+    shown = "" if isinstance(given, dict) or "(got " in msg else f" (got {given!r})"
+    if not key:
+        return msg
+    return f"{key}: {msg}{shown}"
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a dotted key (`reward.0.weight`), without the tags pydantic adds for
+    the member of a union (`train.micro_batch_tokens`, not `train.micro_batch_tokens.constrained-int`)."""
+    out, model, union = "", Config, False
+    for part in loc:
+        if isinstance(part, int):
+            out += f".{part}"
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        if union and field is None:  # the tag of the union member that failed
+            union = False
+            continue
+        out += f".{part}" if out else str(part)
+        ann = field.annotation if field is not None else None
+        model, union = _model_in(ann), _is_union(ann)
+    return out
+
+
+def _is_union(ann: Any) -> bool:
+    """An annotation of two or more types besides None (pydantic tags each member in error locations)."""
+    args = [a for a in getattr(ann, "__args__", ()) or () if a is not type(None)]
+    return (getattr(ann, "__origin__", None) is Union or type(ann) is UnionType) and len(args) > 1
 
 
 def _fields_at(loc: list[str]) -> list[str]:

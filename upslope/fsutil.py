@@ -89,15 +89,25 @@ def check_run_dir(path: Path, resuming: bool) -> None:
                           f"overwrite; continue it with train.resume=latest, or choose another run_dir")
 
 
+def check_regular_file(path: Path, what: str, error: type[Exception] | None = None) -> None:
+    """One error line (`error`, default UpslopeError) when an existing non-directory `path` is not a
+    regular file: reading a FIFO waits for a writer forever, a device (/dev/zero) never ends."""
+    from upslope.errors import UpslopeError
+
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise (error or UpslopeError)(f"{path}: {what} is not a regular file (a FIFO, socket or device); expected a file")
+
+
 def read_text_file(path: Path, what: str) -> str:
     """The UTF-8 text of a user's file, or one UpslopeError line naming `what` and the path
-    (missing, a directory, unreadable, binary or not UTF-8)."""
+    (missing, a directory, a FIFO or device, unreadable, binary or not UTF-8)."""
     from upslope.errors import UpslopeError
 
     if not path.exists():
         raise UpslopeError(f"{path}: {what} not found")
     if path.is_dir():
         raise UpslopeError(f"{path}: {what} is a directory, expected a file")
+    check_regular_file(path, what)
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -4,6 +4,7 @@ Errors name the file and line (JSONL) or row (Parquet/HF) and the missing field.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Iterator
 
 from upslope.data.types import Example
 from upslope.errors import DataError
+from upslope.fsutil import check_regular_file
 
 
 def read_records(path: str | Path, split: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -21,7 +23,9 @@ def read_records(path: str | Path, split: str | None = None) -> Iterator[tuple[s
     name = p.name.lower()
     if p.is_dir():
         yield from _read_hf_dir(p, split)
-    elif name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        return
+    check_regular_file(p, "data file", DataError)
+    if name.endswith((".jsonl", ".jsonl.gz", ".json")):
         yield from _read_jsonl(p)
     elif name.endswith(".parquet"):
         yield from _read_parquet(p)
@@ -60,7 +64,10 @@ def _read_jsonl(p: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _jsonl_record(p: Path, lineno: int, raw: bytes) -> dict[str, Any] | None:
-    """One line's JSON object (None for a blank line), or a DataError naming file:line."""
+    """One line's JSON object (None for a blank line), or a DataError naming file:line. A byte-order
+    mark opening the file is skipped (editors on Windows write one)."""
+    if lineno == 1:
+        raw = raw.removeprefix(codecs.BOM_UTF8)
     if b"\x00" in raw:
         raise DataError(f"{p}:{lineno}: binary data (a NUL byte); expected UTF-8 JSON lines")
     try:
@@ -71,12 +78,44 @@ def _jsonl_record(p: Path, lineno: int, raw: bytes) -> dict[str, Any] | None:
     if not line.strip():
         return None
     try:
-        rec = json.loads(line)
+        rec = json.loads(line, object_pairs_hook=_distinct_keys)
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # a key twice, a number over 4300 digits, nesting too deep
+        raise DataError(f"{p}:{lineno}: unusable JSON ({_json_problem(exc)})") from None
     if not isinstance(rec, dict):
         raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+    if "\\u" in line and _has_lone_surrogate(rec):
+        raise DataError(f"{p}:{lineno}: a \\ud800-\\udfff escape that is half of a character (a lone UTF-16 "
+                        f"surrogate); expected text that is valid Unicode")
     return rec
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (json keeps the last of two, silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key '{key}' appears twice in one object; keep one")
+        out[key] = value
+    return out
+
+
+def _json_problem(exc: BaseException) -> str:
+    """What json refused besides syntax, in a few words."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc)
+    return "an integer of over 4300 digits" if "integer string conversion" in text else text
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """A string inside `value` that cannot be UTF-8 (json decodes a lone \\ud800 escape into one)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _read_hf_dir(p: Path, split: str | None) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from upslope.config_base import Section, opt
 from upslope.errors import ConfigError
+from upslope.yaml_strict import load_yaml, parse_value
 
 
 class Range(Section):
@@ -156,10 +157,7 @@ NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 def _yaml(text: str) -> Any:
     """A value as YAML reads it, except that 1e-6 is a number (YAML 1.1 wants 1.0e-6)."""
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        return text
+    value = parse_value(text, "upslope sweep --space") if text.strip() else ""
     return float(value) if isinstance(value, str) and NUMBER.fullmatch(value.strip()) else value
 
 
@@ -175,7 +173,7 @@ def is_sweep_file(path: str) -> bool:
     if p.suffix not in (".yaml", ".yml") or not p.is_file():
         return False
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, OSError, UnicodeDecodeError):
         return False
     return isinstance(data, dict) and "space" in data
@@ -184,7 +182,7 @@ def is_sweep_file(path: str) -> bool:
 def read_sweep_file(path: str) -> dict[str, Any]:
     """A sweep file's settings, its recipe made relative to the working directory, overrides as key=value."""
     p = Path(path)
-    data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    data = load_yaml(p.read_text(encoding="utf-8"))
     if data.get("recipe"):
         data["recipe"] = str((p.parent / str(data["recipe"])).resolve())
     if isinstance(data.get("overrides"), dict):

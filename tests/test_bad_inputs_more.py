@@ -1,0 +1,119 @@
+"""More of the bad-input catalog (tests/test_bad_inputs.py holds the first part; the promise and the
+harness are the same): each class of input below printed a traceback, hung, or was taken silently
+before its check was added.
+
+- numbers no option can use: NaN, inf, `1e999`, integers over 64 bits (any option, any plugin
+  option, a sweep range), seeds outside 0..2**32;
+- a key given twice in one YAML mapping (recipe, override value) or one JSON object (data line);
+- files that are not regular files (a FIFO waits for a writer forever);
+- JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
+  UTF-16 surrogate pair;
+- the location of an option that takes one of several types (no pydantic member tags), regexes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from bad_input_helpers import Case, World, build_world, check_case, registrar
+
+CASES: list[Case] = []
+case = registrar(CASES)
+
+
+def _show(*overrides: str) -> list[str]:
+    return ["config", "show", *overrides]
+
+
+# ---------------------------------------------------------------- numbers
+
+case("override_inf_float", ["optim.lr: expected a finite number (got inf)"])(lambda w: _show("optim.lr=.inf"))
+case("override_float_overflow", ["optim.lr: expected a finite number"])(lambda w: _show("optim.lr=1e999"))
+case("override_nan_unbounded", ["optim.beta1: expected a finite number (got nan)"])(
+    lambda w: _show("optim.beta1=.nan"))
+case("reward_weight_nan", ["reward.0.weight: expected a finite number"])(
+    lambda w: _show("reward=[{name: integer, weight: .nan}]"))
+case("plugin_options_int_over_64_bits", ["data.options: expected an integer of at most 18 digits", "at count"])(
+    lambda w: _show("data.options={count: 99999999999999999999}"))
+case("seed_over_generator_range", ["train.seed", "less than 4294967296"])(
+    lambda w: ["train", *w.base(None, f"train.seed={2**62}")])
+case("sweep_range_inf", ["optim.lr", "expected a finite number"])(
+    lambda w: ["sweep", str(w.file("r.yaml", f"model:\n  name: {w.tiny}\n")), "--space",
+               "optim.lr=log_uniform:1e-5:inf", "--out", str(w.tmp / "sw")])
+
+# ---------------------------------------------------------------- locations and patterns
+
+case("union_option_named_plainly", ["train.micro_batch_tokens: Input should be a valid integer", "'auto'"])(
+    lambda w: _show("train.micro_batch_tokens=abc"))
+case("eval_pattern_not_regex", ["eval.confidence_pattern", "not a regular expression"])(
+    lambda w: ["eval", *w.base(None, "eval.confidence_pattern=(")])
+case("plugins_command_bad_yaml", ["plugins:", "'[a'"])(lambda w: ["plugins", "plugins=[a"])
+
+# ---------------------------------------------------------------- keys given twice
+
+
+case("recipe_duplicate_key", lambda w: [f"{w.tmp / 'dup.yaml'}:3", "'train' appears twice"])(
+    lambda w: ["train", str(w.file("dup.yaml", "train:\n  steps: 3\ntrain:\n  seed: 1\n"))])
+case("override_duplicate_key", ["override 'data.options'", "'a' appears twice"])(
+    lambda w: _show("data.options={a: 1, a: 2}"))
+case("data_duplicate_key", lambda w: [f"{w.tmp / 'dup.jsonl'}:2", "'prompt' appears twice"])(
+    lambda w: ["train", *w.base(None, "data.path=" + str(w.file(
+        "dup.jsonl", '{"prompt": "a", "answer": 1}\n{"prompt": "a", "prompt": "b", "answer": 1}\n')))])
+
+# ---------------------------------------------------------------- files that are not files
+
+
+def _fifo(w: World, name: str) -> Path:
+    p = w.tmp / name
+    os.mkfifo(p)
+    return p
+
+
+case("data_fifo", lambda w: [str(w.tmp / "pipe.jsonl"), "not a regular file"])(
+    lambda w: ["train", *w.base(None, f"data.path={_fifo(w, 'pipe.jsonl')}")])
+case("recipe_fifo", lambda w: [str(w.tmp / "pipe.yaml"), "not a regular file"])(
+    lambda w: ["config", "show", str(_fifo(w, "pipe.yaml"))])
+
+# ---------------------------------------------------------------- JSON json refuses beyond syntax
+
+
+def _data(id: str, line: str, expect: str) -> None:
+    case(id, lambda w: [f"{w.tmp / (id + '.jsonl')}:1", expect])(
+        lambda w: ["train", *w.base(None, f"data.path={w.file(id + '.jsonl', line + chr(10))}",
+                                    "reward=[{name: integer}]")])
+
+
+_data("data_integer_over_4300_digits", '{"prompt": "p", "answer": ' + "1" * 5000 + "}", "4300 digits")
+_data("data_nested_too_deep", '{"prompt": "p", "answer": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply")
+_data("data_lone_surrogate", '{"prompt": "\\ud800", "answer": 1}', "surrogate")
+
+
+# ---------------------------------------------------------------- the harness
+
+
+@pytest.fixture(scope="module")
+def world_base(tiny_model_path, tmp_path_factory) -> World:
+    return build_world(tiny_model_path, tmp_path_factory.mktemp("bad-inputs-more"))
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gives_one_line(c: Case, world_base: World, tmp_path, capsys, monkeypatch):
+    check_case(c, world_base, tmp_path, capsys, monkeypatch)
+
+
+def test_jsonl_opening_with_a_byte_order_mark_reads(tmp_path):
+    """A BOM (editors on Windows write one) is not a mistake: the first line reads as the others."""
+    from upslope.data.sources import read_records
+
+    p = tmp_path / "bom.jsonl"
+    p.write_text(json.dumps({"prompt": "p", "answer": 1}) + "\n", encoding="utf-8-sig")
+    assert [rec for _, rec in read_records(p)] == [{"prompt": "p", "answer": 1}]
+
+
+def test_yaml_anchors_and_merges_still_read():
+    """The strict loader refuses only a key written twice: a `<<` merge may override merged keys."""
+    from upslope.yaml_strict import load_yaml
+
+    assert load_yaml("a: &x {k: 1, j: 2}\nb:\n  <<: *x\n  k: 3\n") == {"a": {"k": 1, "j": 2}, "b": {"k": 3, "j": 2}}
