@@ -38,8 +38,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hostile_cases import CASES, SECRET_DIRS, Case
-from sandbox_helpers import pids_with_marker, pids_with_uid_in
+from hostile_cases import CASES as FIRST_CASES
+from hostile_cases import SECRET_DIRS, Case
+from hostile_cases_more import MORE
+from sandbox_helpers import CHECKER_MARK, pids_with_marker, pids_with_uid_in, rss_of, run_mounts, socket_memory
 
 from upslope.sandbox import Job, SandboxConfig, SandboxPool
 
@@ -48,6 +50,7 @@ CONFIG = SandboxConfig(timeout_s=3.0, memory_mb=512, run_memory_mb=1024, max_ino
 MEMORY_SLACK = 64 << 20  # page-cache and accounting noise on top of the run's limit
 FALLBACK_SLACK = 768 << 20  # without cgroups: what 6 processes may add in one 0.1 s poll
 SOCKMEM_LIMIT = 128 << 20  # TCP + UDP buffer memory a run may add on the host (others' traffic included)
+CASES = FIRST_CASES + MORE
 HUMANEVAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
                          "humaneval", "HumanEval.jsonl.gz")
 
@@ -289,7 +292,7 @@ class Sampler:
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_sockmem = max(self.peak_sockmem, socket_memory() - self.base_sockmem)
         if self.checkers:
-            self.peak_checker_rss = max(self.peak_checker_rss, sum(_rss(p) for p in pids_with_marker(CHECKER_MARK)))
+            self.peak_checker_rss = max(self.peak_checker_rss, sum(rss_of(p) for p in pids_with_marker(CHECKER_MARK)))
         if adjs:
             self.last_oom_adj = min(adjs)
             self.min_oom_adj = min(adjs + ([self.min_oom_adj] if self.min_oom_adj is not None else []))
@@ -300,42 +303,6 @@ class Sampler:
                 continue
             self.peak_inodes = max(self.peak_inodes, st.f_files - st.f_ffree)
             self.peak_bytes = max(self.peak_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize)
-
-
-CHECKER_MARK = "def judge(spec, rfd, wfd):"  # in the checker's command line (python -c CHECKER_SOURCE)
-
-
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) << 10
-    except OSError:
-        pass
-    return 0
-
-
-def socket_memory() -> int:
-    """Bytes in TCP and UDP buffers host-wide (the kernel's counters are global, not per namespace)."""
-    pages = 0
-    with open("/proc/net/sockstat") as f:
-        for line in f:
-            fields = line.split()
-            if fields and fields[0] in ("TCP:", "UDP:") and "mem" in fields:
-                pages += int(fields[fields.index("mem") + 1])
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def run_mounts() -> list[str]:
-    """The host mount points of the runs' own tmpfs (upslope.sandbox.mounts.RunTmpfs)."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split(" - ")
-            if len(parts) == 2 and parts[1].split()[:2] == ["tmpfs", "upslope-sandbox"]:
-                out.append(parts[0].split()[4])
-    return out
 
 
 # ------------------------------------------------------------------------------------ detectors

@@ -48,3 +48,39 @@ def pids_with_marker(marker: str) -> list[int]:
         except OSError:
             pass
     return out
+
+
+CHECKER_MARK = "def judge(spec, rfd, wfd):"  # in the checker's command line (python -c CHECKER_SOURCE)
+
+
+def rss_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+def socket_memory() -> int:
+    """Bytes in TCP and UDP buffers host-wide (the kernel's counters are global, not per namespace)."""
+    pages = 0
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] in ("TCP:", "UDP:") and "mem" in fields:
+                pages += int(fields[fields.index("mem") + 1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_mounts() -> list[str]:
+    """The host mount points of the runs' own tmpfs (upslope.sandbox.mounts.RunTmpfs)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split(" - ")
+            if len(parts) == 2 and parts[1].split()[:2] == ["tmpfs", "upslope-sandbox"]:
+                out.append(parts[0].split()[4])
+    return out
