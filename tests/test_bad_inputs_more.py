@@ -8,7 +8,9 @@ before its check was added.
 - files that are not regular files (a FIFO waits for a writer forever);
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
   UTF-16 surrogate pair;
-- the location of an option that takes one of several types (no pydantic member tags), regexes.
+- the location of an option that takes one of several types (no pydantic member tags), regexes
+  (config options and every plugin option named like a pattern);
+- true/false given to a number option (pydantic's lax mode reads it as 1), config or plugin option.
 """
 from __future__ import annotations
 
@@ -43,12 +45,18 @@ case("sweep_range_inf", ["optim.lr", "expected a finite number"])(
     lambda w: ["sweep", str(w.file("r.yaml", f"model:\n  name: {w.tiny}\n")), "--space",
                "optim.lr=log_uniform:1e-5:inf", "--out", str(w.tmp / "sw")])
 
+case("override_true_as_count", ["train.steps: expected int, not true"])(lambda w: _show("train.steps=true"))
+case("plugin_option_true_as_number", ["algo.policy_loss.options.eps_low: expected float, not true"])(
+    lambda w: ["train", *w.base(None, "algo.policy_loss.options={eps_low: true}")])
+
 # ---------------------------------------------------------------- locations and patterns
 
 case("union_option_named_plainly", ["train.micro_batch_tokens: Input should be a valid integer", "'auto'"])(
     lambda w: _show("train.micro_batch_tokens=abc"))
 case("eval_pattern_not_regex", ["eval.confidence_pattern", "not a regular expression"])(
     lambda w: ["eval", *w.base(None, "eval.confidence_pattern=(")])
+case("reward_pattern_not_regex", ["pattern: Value error, not a regular expression", "'('"])(
+    lambda w: ["train", *w.base(None, "reward=[{name: format, options: {pattern: '('}}]")])
 case("plugins_command_bad_yaml", ["plugins:", "'[a'"])(lambda w: ["plugins", "plugins=[a"])
 
 # ---------------------------------------------------------------- keys given twice

@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 
 from upslope.errors import ConfigError
-from upslope.registry import REWARDS, TASKS, Registry
+from upslope.registry import REGISTRIES, REWARDS, TASKS, Registry, load_builtins
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -181,3 +181,21 @@ def test_a_bounded_builtin_option_out_of_range_is_one_error_line_at_bind():
             assert msg.startswith(f"opts.{name}: Input should be ") and f"(got {bad!r})" in msg and "\n" not in msg
             checked += 1
     assert checked > 100
+
+
+def test_every_pattern_option_is_a_checked_regex_and_no_option_takes_a_bool_for_a_number():
+    """A plugin option named like a pattern is `bounds.Regex`, so `(` is refused at bind in one line
+    instead of failing at the first reply; a number option refuses true/false (pydantic would read 1)."""
+    from upslope.bounds import Regex  # noqa: PLC0415
+
+    load_builtins()
+    patterns = [(reg, entry.name, name, p.annotation) for reg in REGISTRIES.values() for entry in reg._entries.values()
+                for name, p in entry.options().items() if "pattern" in name]
+    assert len(patterns) >= 3
+    assert [f"{reg.kind}:{plugin}.{name}" for reg, plugin, name, ann in patterns if ann != Regex] == []
+    for reg, plugin, name, _ in patterns:
+        with pytest.raises(ConfigError, match=rf"^opts\.{name}: Value error, not a regular expression"):
+            reg.bind(plugin, {name: "("}, where="opts")
+    for key, reg, plugin, name, _ in list(builtin_numeric_options())[:40]:
+        with pytest.raises(ConfigError, match=rf"^opts\.{name}: expected (int|float), not true$"):
+            reg.bind(plugin, {name: True}, where="opts")

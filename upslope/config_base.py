@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+import types
+import typing
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 INT64 = 2**63  # integers a count or a size may take: what torch and numpy hold
 SEED_RANGE = {"ge": 0, "lt": 2**32}  # a seed option's bounds: what every generator seeded from it takes
@@ -30,11 +32,52 @@ def number_problem(value: Any, path: str = "") -> str | None:
     return next((found for sub, item in items if (found := number_problem(item, sub))), None)
 
 
+def admits_bool(annotation: Any) -> bool:
+    """Does an option of this type take true/false? (pydantic's lax mode reads `true` as 1 for a
+    count or a rate, so `train.steps=true` would quietly mean one step.)"""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return any(isinstance(arg, bool) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return any(admits_bool(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def type_words(annotation: Any) -> str:
+    """An option's type as a user reads it: `int or 'auto'`, `float`, `list`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_words(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_words(a) for a in args if a is not type(None))
+    if origin is Literal:
+        return " or ".join(repr(a) for a in args)
+    return getattr(origin or annotation, "__name__", str(annotation))
+
+
+def bool_problem(value: Any, annotation: Any) -> str | None:
+    """The error for a true/false given to an option that is not a switch; None otherwise."""
+    if isinstance(value, bool) and not admits_bool(annotation):
+        return f"expected {type_words(annotation)}, not {str(value).lower()}"
+    return None
+
+
 class Section(BaseModel):
     """A strict config section: unknown keys, and numbers no option can use (NaN, inf, integers over
     64 bits, checked here once for every option and plugin-options mapping), are errors."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        found = bool_problem(value, field.annotation) if field is not None else None
+        if found:
+            raise ValueError(found)
+        return value
 
     @field_validator("*", mode="after")
     @classmethod

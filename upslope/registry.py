@@ -16,6 +16,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from upslope.config_base import bool_problem
 from upslope.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -133,6 +134,8 @@ class Registry(Generic[F]):
                 raise ConfigError(f"{at}{key}: unknown option for {self.kind} '{name}'{hint}; valid: {valid}")
             ann = known[key].annotation
             if ann is not inspect.Parameter.empty and not isinstance(ann, str):
+                if (found := bool_problem(value, ann)) is not None:
+                    raise ConfigError(f"{at}{key}: {found}")
                 try:
                     options[key] = TypeAdapter(ann).validate_python(value)
                 except ValidationError as exc:

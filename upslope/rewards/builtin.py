@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from upslope.bounds import PositiveCount
+from upslope.bounds import PositiveCount, Regex
 from upslope.registry import REWARDS
 from upslope.rewards.extract import boxed, extract_integer, integers
 
@@ -45,7 +45,7 @@ def exact_reward(completion: str, answer: Any, meta: dict, *, case_sensitive: bo
 
 
 @REWARDS.register("format")
-def format_reward(completion: str, answer: Any, meta: dict, *, pattern: str = r"\\boxed\{.+\}",
+def format_reward(completion: str, answer: Any, meta: dict, *, pattern: Regex = r"\\boxed\{.+\}",
                   full_match: bool = False) -> float:
     """1 if the completion matches a regular expression (search, or full match).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Literal
 
-from upslope.bounds import NonNegative
+from upslope.bounds import NonNegative, Regex
 from upslope.errors import ConfigError
 from upslope.registry import REWARDS
 
@@ -45,7 +45,7 @@ def brier_reward_value(correct: float, confidence: float, correct_bonus: float) 
 @REWARDS.register("brier_confidence")
 def brier_confidence(completion: str, answer: Any, meta: dict, *, verifier_name: str = "integer",
                      verifier_options: dict[str, Any] | None = None, correct_bonus: float = 1.0,
-                     pattern: str = _CONFIDENCE,
+                     pattern: Regex = _CONFIDENCE,
                      missing: Literal["worst", "zero"] = "worst") -> float:
     """Calibration reward: correct_bonus * y - (y - c)^2 for correctness y and stated confidence c.
 
@@ -75,7 +75,7 @@ def brier_confidence(completion: str, answer: Any, meta: dict, *, verifier_name:
 @REWARDS.register("selective")
 def selective(completion: str, answer: Any, meta: dict, *, verifier_name: str = "integer",
               verifier_options: dict[str, Any] | None = None, risk_penalty: NonNegative = 1.0,
-              abstain_reward: float = 0.0, pattern: str = _ABSTAIN) -> float:
+              abstain_reward: float = 0.0, pattern: Regex = _ABSTAIN) -> float:
     """Selective prediction: 1 for a right answer, -risk_penalty for a wrong one, abstain_reward for abstaining.
 
     verifier_name: registered reward deciding correctness (0/1) of an answered reply
