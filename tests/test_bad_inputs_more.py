@@ -8,6 +8,8 @@ before its check was added.
 - files that are not regular files (a FIFO waits for a writer forever);
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
   UTF-16 surrogate pair;
+- rows that parse but hold nothing usable: a blank prompt, a chat role no template knows, a chat
+  without text; a tool listed twice in agent.tools (the second silently replaced the first);
 - the location of an option that takes one of several types (no pydantic member tags), regexes
   (config options and every plugin option named like a pattern);
 - true/false given to a number option (pydantic's lax mode reads it as 1), config or plugin option.
@@ -96,6 +98,26 @@ def _data(id: str, line: str, expect: str) -> None:
 _data("data_integer_over_4300_digits", '{"prompt": "p", "answer": ' + "1" * 5000 + "}", "4300 digits")
 _data("data_nested_too_deep", '{"prompt": "p", "answer": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply")
 _data("data_lone_surrogate", '{"prompt": "\\ud800", "answer": 1}', "surrogate")
+
+
+# ---------------------------------------------------------------- rows that parse but say nothing usable
+
+
+def _chat(id: str, line: str, expect: str, command: str = "train") -> None:
+    case(id, lambda w: [f"{w.tmp / (id + '.jsonl')}:1", expect])(
+        lambda w: [command, *w.base(None, f"data.path={w.file(id + '.jsonl', line + chr(10))}",
+                                    "data.messages_field=messages", "reward=[{name: integer}]")])
+
+
+_data("data_prompt_blank", '{"prompt": "  \\n ", "answer": 1}', "field 'prompt' is empty")
+_chat("data_message_unknown_role", '{"messages": [{"role": "wizard", "content": "hi"}], "answer": 1}',
+      "role 'wizard'; expected one of system")
+_chat("data_messages_without_text", '{"messages": [{"role": "user", "content": " "}], "answer": 1}',
+      "no message with any text")
+_chat("sft_message_unknown_role", '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}]}',
+      "message 2 has role 'bot'", command="sft")
+case("agent_tool_listed_twice", ["agent.tools: tool 'calculator' is listed twice"])(
+    lambda w: _show("agent.tools=[{name: calculator}, {name: calculator, options: {}}]"))
 
 
 # ---------------------------------------------------------------- the harness

@@ -233,6 +233,16 @@ class AgentConfig(Section):
     hint_decay: float = opt(0.5, "reward parts earned after k guidance hints are multiplied by hint_decay**k",
                             ge=0, le=1)
 
+    @field_validator("tools")
+    @classmethod
+    def _each_tool_once(cls, tools: list[Plugin]) -> list[Plugin]:
+        """The model calls a tool by name, so a second entry of one tool would silently replace the first."""
+        names = [t.name for t in tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tool {twice[0]!r} is listed twice; give each tool once (with all its options)")
+        return tools
+
 
 class EvalConfig(Section):
     data: DataConfig | None = opt(None, "held-out prompts (default: the training task with eval_seed, 200 problems)")

@@ -162,7 +162,7 @@ def test_messages_field(tmp_path):
     assert ex.prompt == msgs[:2]  # a final assistant turn (the reference) is dropped
     assert ex.messages("ignored: a system message exists") == msgs[:2]
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"content": "no role"}], "answer": "x"}])
-    with pytest.raises(DataError, match=":1: field 'messages' must be a list of \\{role, content\\} messages"):
+    with pytest.raises(DataError, match=":1: field 'messages' message 1 must be an object with text 'role' and 'content'"):
         records_to_examples(read_records(bad), messages_field="messages")
     with pytest.raises(DataError, match=":1: field 'conv' missing \\(data.messages_field"):
         records_to_examples(read_records(path), messages_field="conv")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from upslope.data.chat import assistant_mask
-from upslope.data.sources import apply_template, read_records, require_field
+from upslope.data.sources import apply_template, read_records, require_messages, require_text
 from upslope.data.types import Example
 from upslope.errors import DataError
 
@@ -49,11 +49,11 @@ def load_conversations(data: DataConfig, response_field: str) -> list[Conversati
         if data.limit is not None and len(out) >= data.limit:
             break
         if data.messages_field:
-            prompt: Any = _messages(rec, data.messages_field, where)
+            prompt: Any = require_messages(rec, data.messages_field, where)
         else:
-            text = _text(rec, data.prompt_field, where, "data.prompt_field",
+            text = require_text(rec, data.prompt_field, where, "data.prompt_field",
                          " (chat rows: set data.messages_field, e.g. data.messages_field=messages)")
-            reply = _text(rec, response_field, where, "sft.response_field")
+            reply = require_text(rec, response_field, where, "sft.response_field")
             prompt = [{"role": "user", "content": apply_template(data.template, text, rec, where)},
                       {"role": "assistant", "content": reply}]
         msgs = Example(prompt=prompt).messages(data.system_prompt)
@@ -62,24 +62,6 @@ def load_conversations(data: DataConfig, response_field: str) -> list[Conversati
     if not out:
         raise DataError(f"{data.path}: no rows to train on")
     return out
-
-
-def _text(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "") -> str:
-    value = require_field(rec, name, where, option, hint)
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field '{name}' must be text, got {type(value).__name__}")
-    return value
-
-
-def _messages(rec: dict[str, Any], name: str, where: str) -> list[dict[str, Any]]:
-    msgs = require_field(rec, name, where, "data.messages_field")
-    if not isinstance(msgs, list) or not msgs:
-        raise DataError(f"{where}: field '{name}' must be a non-empty list of {{role, content}} messages")
-    for i, m in enumerate(msgs, 1):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: field '{name}' message {i} must be an object with text 'role' and "
-                            f"'content', got {str(m)[:80]}")
-    return [dict(m) for m in msgs]
 
 
 def encode_conversations(convs: Sequence[Conversation], tokenizer: Any, stop_ids: Sequence[int], *,

@@ -150,6 +150,39 @@ def require_field(rec: dict[str, Any], name: str, where: str, option: str, hint:
     return rec[name]
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+
+
+def require_text(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "") -> str:
+    """rec[name] as non-empty text, or one DataError line naming the file/line and the field."""
+    value = require_field(rec, name, where, option, hint)
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{name}' must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise DataError(f"{where}: field '{name}' is empty")
+    return value
+
+
+def require_messages(rec: dict[str, Any], name: str, where: str) -> list[dict[str, Any]]:
+    """rec[name] as a chat: a non-empty list of {role, content} with a known role and text content
+    (null content only beside tool_calls), not all of it blank; one DataError line otherwise."""
+    msgs = require_field(rec, name, where, "data.messages_field")
+    if not isinstance(msgs, list) or not msgs:
+        raise DataError(f"{where}: field '{name}' must be a non-empty list of {{role, content}} messages")
+    for i, m in enumerate(msgs, 1):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
+                isinstance(content, str) or (content is None and m.get("tool_calls"))):
+            raise DataError(f"{where}: field '{name}' message {i} must be an object with text 'role' and "
+                            f"'content', got {str(m)[:80]}")
+        if m["role"] not in CHAT_ROLES:
+            raise DataError(f"{where}: field '{name}' message {i} has role {m['role']!r}; "
+                            f"expected one of {', '.join(CHAT_ROLES)}")
+    if not any(isinstance(m["content"], str) and m["content"].strip() for m in msgs):
+        raise DataError(f"{where}: field '{name}' has no message with any text")
+    return [dict(m) for m in msgs]
+
+
 def records_to_examples(
     records: Iterator[tuple[str, dict[str, Any]]],
     prompt_field: str = "prompt",
@@ -164,15 +197,10 @@ def records_to_examples(
         if limit is not None and len(out) >= limit:
             break
         if messages_field:
-            msgs = require_field(rec, messages_field, where, "data.messages_field")
-            if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
-                raise DataError(f"{where}: field '{messages_field}' must be a list of {{role, content}} messages")
-            prompt: Any = [dict(m) for m in msgs if m["role"] != "assistant" or m is not msgs[-1]]
+            msgs = require_messages(rec, messages_field, where)
+            prompt: Any = msgs[:-1] if msgs[-1]["role"] == "assistant" and len(msgs) > 1 else msgs
         else:
-            text = require_field(rec, prompt_field, where, "data.prompt_field")
-            if not isinstance(text, str):
-                raise DataError(f"{where}: field '{prompt_field}' must be text, got {type(text).__name__}")
-            prompt = apply_template(template, text, rec, where)
+            prompt = apply_template(template, require_text(rec, prompt_field, where, "data.prompt_field"), rec, where)
         answer = None
         if answer_field:
             answer = require_field(rec, answer_field, where, "data.answer_field",
