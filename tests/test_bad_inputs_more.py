@@ -3,7 +3,8 @@ harness are the same): each class of input below printed a traceback, hung, or w
 before its check was added.
 
 - numbers no option can use: NaN, inf, `1e999`, integers over 64 bits (any option, any plugin
-  option, a sweep range), seeds outside 0..2**32;
+  option, a sweep range), seeds outside 0..2**32; a reply length (rollout or eval max_new_tokens)
+  that with the prompt does not fit the model's context (sampling ran past it for as long as asked);
 - a key given twice in one YAML mapping (recipe, override value) or one JSON object (data line);
 - files that are not regular files (a FIFO waits for a writer forever);
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
@@ -50,6 +51,13 @@ case("sweep_range_inf", ["optim.lr", "expected a finite number"])(
 case("override_true_as_count", ["train.steps: expected int, not true"])(lambda w: _show("train.steps=true"))
 case("plugin_option_true_as_number", ["algo.policy_loss.options.eps_low: expected float, not true"])(
     lambda w: ["train", *w.base(None, "algo.policy_loss.options={eps_low: true}")])
+
+case("reply_over_context", ["rollout.max_new_tokens=100000 is at or over the model's context of 8192 tokens"])(
+    lambda w: ["train", *w.base(None, "rollout.max_new_tokens=100000")])
+case("eval_reply_over_context", ["eval.max_new_tokens=9000 is at or over the model's context"])(
+    lambda w: ["train", *w.base(None, "eval.max_new_tokens=9000", "train.eval_before=false")])
+case("prompt_and_reply_over_context", ["prompt has", "with rollout.max_new_tokens=8190 that is", "8192"])(
+    lambda w: ["train", *w.base(None, "rollout.max_new_tokens=8190")])
 
 # ---------------------------------------------------------------- locations and patterns
 

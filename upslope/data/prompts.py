@@ -5,15 +5,17 @@ import json
 from typing import Any, Sequence
 
 from upslope.data.types import Example
-from upslope.errors import DataError
+from upslope.errors import ConfigError, DataError
 
 
 def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt: str | None = None,
                    use_chat_template: bool = True, max_prompt_tokens: int | None = None,
-                   drop_long: bool = False) -> tuple[list[list[int]], list[int]]:
+                   drop_long: bool = False, max_new_tokens: int | None = None,
+                   new_tokens_option: str = "rollout.max_new_tokens") -> tuple[list[list[int]], list[int]]:
     """Token ids of each prompt (an example's `prefill` opens the assistant's reply), and the indices
     of the examples kept. A prompt longer than `max_prompt_tokens` or than the model's context (the
-    tokenizer's model_max_length) is an error naming it, or is dropped when `drop_long`. Each distinct conversation is rendered once
+    tokenizer's model_max_length) less the `max_new_tokens` it will be given is an error naming it, or
+    is dropped when `drop_long`; `max_new_tokens` alone at or over the context is a ConfigError. Each distinct conversation is rendered once
     and all are tokenised in batched calls (seeded tasks repeat prompts; a call per prompt cost
     ~2 ms each on a 2-core CPU, 20 s for a 10,000-prompt split)."""
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -30,16 +32,18 @@ def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt
                          if chat else "\n\n".join(m["content"] for m in msgs))
         slot_of.append(seen[key])
     encoded = _tokenize_all(tokenizer, texts)
-    context = getattr(tokenizer, "model_max_length", None)
-    context = context if isinstance(context, int) and 0 < context < 10**8 else None
+    context = model_context(tokenizer)
+    new = max_new_tokens or 0
+    check_reply_fits(tokenizer, new, new_tokens_option)
     ids: list[list[int]] = []
     kept: list[int] = []
     for i, slot in enumerate(slot_of):
         toks = encoded[slot]
-        if context is not None and len(toks) >= context:
+        if context is not None and len(toks) + new >= context:
             if drop_long:
                 continue
-            raise DataError(f"{where_of[i]}: prompt has {len(toks)} tokens, at or over the model's context of "
+            size = f"; with {new_tokens_option}={new} that is {len(toks) + new}," if new else ","
+            raise DataError(f"{where_of[i]}: prompt has {len(toks)} tokens{size} at or over the model's context of "
                             f"{context} tokens (shorten it, or set rollout.drop_long_prompts=true to drop such prompts)")
         if max_prompt_tokens is not None and len(toks) > max_prompt_tokens:
             if drop_long:
@@ -49,6 +53,21 @@ def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt
         ids.append(list(toks))
         kept.append(i)
     return ids, kept
+
+
+def model_context(tokenizer: Any) -> int | None:
+    """The model's context in tokens (the tokenizer's model_max_length, set from the model config), if known."""
+    context = getattr(tokenizer, "model_max_length", None)
+    return context if isinstance(context, int) and 0 < context < 10**8 else None
+
+
+def check_reply_fits(tokenizer: Any, max_new_tokens: int | None, option: str) -> None:
+    """A reply length at or over the model's context is a ConfigError naming `option` (sampling past the
+    context runs beyond the positions the model was trained on, for as long as the number says)."""
+    context = model_context(tokenizer)
+    if context is not None and max_new_tokens and max_new_tokens >= context:
+        raise ConfigError(f"{option}={max_new_tokens} is at or over the model's context of {context} tokens "
+                          f"(prompt and reply must fit in it together)")
 
 
 def _tokenize_all(tokenizer: Any, texts: list[str], chunk: int = 2048) -> list[list[int]]:

@@ -63,7 +63,10 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     prompt_ids, kept = encode_prompts(examples, runtime.tokenizer, system_prompt=data_cfg.system_prompt,
                                       use_chat_template=cfg.model.use_chat_template,
                                       max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-                                      drop_long=cfg.rollout.drop_long_prompts)
+                                      drop_long=cfg.rollout.drop_long_prompts,
+                                      max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens,
+                                      new_tokens_option="eval.max_new_tokens" if ev.max_new_tokens
+                                      else "rollout.max_new_tokens")
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
     reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())

@@ -16,7 +16,7 @@ from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config, dump
 from upslope.data import load_examples
-from upslope.data.prompts import encode_prompts
+from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.errors import ConfigError
@@ -143,13 +143,15 @@ class BaseTrainer:
         """Across learner ranks: the DCP shards of any other trained model (PPO's critic) under
         `shards`, the checkpoint's sharded/ directory (every rank calls it)."""
 
-    def encode_prompts(self, examples: list[Example]) -> tuple[list[list[int]], list[Example]]:
-        """Prompt token ids through the chat template; long prompts are an error or dropped."""
+    def encode_prompts(self, examples: list[Example],
+                       max_new_tokens: int | None = None) -> tuple[list[list[int]], list[Example]]:
+        """Prompt token ids through the chat template; long prompts (with the `max_new_tokens` they
+        will be sampled with, if any, beyond the model's context) are an error or dropped."""
         cfg = self.cfg
         ids, kept = encode_prompts(examples, self.runtime.tokenizer, system_prompt=cfg.data.system_prompt,
                                    use_chat_template=cfg.model.use_chat_template,
                                    max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-                                   drop_long=cfg.rollout.drop_long_prompts)
+                                   drop_long=cfg.rollout.drop_long_prompts, max_new_tokens=max_new_tokens)
         if len(kept) < len(examples):
             self.report.warn(f"dropped {len(examples) - len(kept)} prompts over rollout.max_prompt_tokens")
         return ids, [examples[i] for i in kept]
@@ -161,7 +163,8 @@ class BaseTrainer:
         cfg = self.cfg
         examples = load_examples(cfg.data, "train")
         examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
-        self.prompt_ids, self.examples = self.encode_prompts(examples)
+        self.prompt_ids, self.examples = self.encode_prompts(examples, cfg.rollout.max_new_tokens)
+        check_reply_fits(self.runtime.tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")  # before any work
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
