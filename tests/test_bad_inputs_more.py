@@ -59,6 +59,22 @@ case("eval_reply_over_context", ["eval.max_new_tokens=9000 is at or over the mod
 case("prompt_and_reply_over_context", ["prompt has", "with rollout.max_new_tokens=8190 that is", "8192"])(
     lambda w: ["train", *w.base(None, "rollout.max_new_tokens=8190")])
 
+
+
+def _model_with_config(w: World, **changes: object) -> str:
+    """A copy of the tiny model whose config.json has `changes`."""
+    import shutil
+
+    d = w.tmp / "model"
+    shutil.copytree(w.tiny, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **changes}))
+    return str(d)
+
+
+case("model_config_field_wrong_type", lambda w: [str(w.tmp / "model" / "config.json"), "hidden_size"])(
+    lambda w: ["train", *w.base(None, f"model.name={_model_with_config(w, hidden_size='big')}")])
+
 # ---------------------------------------------------------------- locations and patterns
 
 case("union_option_named_plainly", ["train.micro_batch_tokens: Input should be a valid integer", "'auto'"])(

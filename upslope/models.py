@@ -233,6 +233,20 @@ class LoadedModel:
     tokenizer: Any
 
 
+def _check_model_config(path: str) -> None:
+    """A config.json transformers refuses (a field of the wrong type, an unknown model type) is one
+    ModelError naming the file and the first line of the reason."""
+    from transformers import AutoConfig
+
+    if not (Path(path) / "config.json").is_file():
+        return
+    try:
+        AutoConfig.from_pretrained(path)
+    except Exception as exc:  # transformers raises many types for a bad config
+        reason = " ".join(str(exc).split())[:300]
+        raise ModelError(f"{Path(path) / 'config.json'}: not a usable model config ({reason})") from None
+
+
 def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
     """Tokenizer with a pad token and (optionally) a replacement chat template."""
     from transformers import AutoTokenizer
@@ -240,6 +254,7 @@ def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # missing/corrupt tokenizer files raise many types
+        _check_model_config(path)  # the tokenizer reads config.json first: name that file when it is the fault
         raise ModelError(f"{path}: no usable tokenizer in this model directory ({_first_line(exc)})") from None
     if chat_template:
         tok.chat_template = read_chat_template(chat_template)
