@@ -11,8 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -20,6 +19,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 from upslope.config_base import SEED_RANGE, Plugin, RewardSpec, Section, opt, opt_factory
 from upslope.config_commands import (DistConfig, DistillConfig, DPOConfig, PipelineConfig, RandOptConfig, RFTConfig,
                                      RMConfig, SFTConfig)
+from upslope.config_schema import describe, option_rows
 from upslope.errors import ConfigError, UpslopeError
 from upslope.yaml_strict import load_yaml, parse_value
 
@@ -441,7 +441,7 @@ def validate(raw: dict[str, Any], source: str = "config") -> Config:
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
+        raise ConfigError(f"{source}: {describe(exc, Config)}") from None
     check_plugin_names(cfg, source)
     return cfg
 
@@ -548,96 +548,12 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def _describe(exc: ValidationError) -> str:
-    """The first error of `exc` as `key: what was expected (got value)`; the alternatives of an option
-    that takes one of several types (e.g. an integer or 'auto') are all named."""
-    errors = exc.errors()
-    err = errors[0]
-    loc = [str(x) for x in err["loc"]]
-    key = _dotted(err["loc"])
-    if err["type"] == "extra_forbidden":
-        valid = _fields_at(loc[:-1])
-        near = difflib.get_close_matches(loc[-1], valid, n=1)
-        hint = f"; did you mean '{_dotted((*err['loc'][:-1], near[0]))}'?" if near else ""
-        return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
-    given = err.get("input")
-    msgs = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in errors if _dotted(e["loc"]) == key)
-    msg = " or ".join(msgs)
-    shown = "" if isinstance(given, dict) or "(got " in msg else f" (got {given!r})"
-    if not key:
-        return msg
-    return f"{key}: {msg}{shown}"
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as a dotted key (`reward.0.weight`), without the tags pydantic adds for
-    the member of a union (`train.micro_batch_tokens`, not `train.micro_batch_tokens.constrained-int`)."""
-    out, model, union = "", Config, False
-    for part in loc:
-        if isinstance(part, int):
-            out += f".{part}"
-            continue
-        field = model.model_fields.get(part) if model is not None else None
-        if union and field is None:  # the tag of the union member that failed
-            union = False
-            continue
-        out += f".{part}" if out else str(part)
-        ann = field.annotation if field is not None else None
-        model, union = _model_in(ann), _is_union(ann)
-    return out
-
-
-def _is_union(ann: Any) -> bool:
-    """An annotation of two or more types besides None (pydantic tags each member in error locations)."""
-    args = [a for a in getattr(ann, "__args__", ()) or () if a is not type(None)]
-    return (getattr(ann, "__origin__", None) is Union or type(ann) is UnionType) and len(args) > 1
-
-
-def _fields_at(loc: list[str]) -> list[str]:
-    model: Any = Config
-    for part in loc:
-        if part.isdigit():
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        model = _model_in(ann)
-        if model is None:
-            return []
-    return list(model.model_fields)
-
-
-def _model_in(ann: Any) -> Any:
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for arg in getattr(ann, "__args__", ()) or ():
-        m = _model_in(arg)
-        if m is not None:
-            return m
-    return None
-
-
 def dump(config: Config) -> str:
     """The resolved config as YAML."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def describe_options(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every option, for `upslope config options`."""
-    rows = []
-    for name, field in model.model_fields.items():
-        sub = _model_in(field.annotation)
-        key = f"{prefix}{name}"
-        if sub is not None and sub is not Plugin and sub is not RewardSpec and not _is_list(field.annotation):
-            rows.extend(describe_options(sub, key + "."))
-        else:
-            default = field.default if field.default is not None else "null"
-            if isinstance(default, BaseModel):
-                default = default.model_dump()
-            rows.append((key, repr(default) if not isinstance(default, str) else default, field.description or ""))
-    return rows
-
-
-def _is_list(ann: Any) -> bool:
-    return getattr(ann, "__origin__", None) is list
+def describe_options(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every option of `model` (the whole config by default),
+    for `upslope config options` and docs/options.md."""
+    return option_rows(model or Config, prefix, leaves=(Plugin, RewardSpec))
