@@ -9,7 +9,9 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import pytest
 
 from upslope.cli import main
 
@@ -116,3 +118,18 @@ def check_case(c: Case, world_base: World, tmp_path: Path, capsys, monkeypatch) 
     for s in c.expect(w):
         assert s in lines[0], (s, lines[0])
     assert snapshot(c.keep(w)) == kept
+
+
+def catalog_tests(cases: list[Case], scratch: str) -> tuple[Any, Any]:
+    """The fixture and the parametrised test a catalog module exposes (assign both at module level):
+    one finished run shared by the module's cases, each case checked by `check_case`."""
+
+    @pytest.fixture(scope="module")
+    def world_base(tiny_model_path: str, tmp_path_factory: Any) -> World:
+        return build_world(tiny_model_path, tmp_path_factory.mktemp(scratch))
+
+    @pytest.mark.parametrize("c", cases, ids=[c.id for c in cases])
+    def test_bad_input_gives_one_line(c: Case, world_base: World, tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+        check_case(c, world_base, tmp_path, capsys, monkeypatch)
+
+    return world_base, test_bad_input_gives_one_line

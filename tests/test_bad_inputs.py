@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from bad_input_helpers import Case, World, build_world, check_case, registrar, snapshot
+from bad_input_helpers import Case, World, catalog_tests, registrar, snapshot
 
 from upslope.cli import main
 
@@ -410,14 +410,7 @@ _export_case("export_into_cwd_forced", lambda w: ["current directory"], lambda w
 # ---------------------------------------------------------------- the harness
 
 
-@pytest.fixture(scope="module")
-def world_base(tiny_model_path, tmp_path_factory) -> World:
-    return build_world(tiny_model_path, tmp_path_factory.mktemp("bad-inputs"))
-
-
-@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_bad_input_gives_one_line(c: Case, world_base: World, tmp_path, capsys, monkeypatch):
-    check_case(c, world_base, tmp_path, capsys, monkeypatch)
+world_base, test_bad_input_gives_one_line = catalog_tests(CASES, "bad-inputs")
 
 
 def test_catalog_size():

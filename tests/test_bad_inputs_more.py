@@ -21,8 +21,7 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-from bad_input_helpers import Case, World, build_world, check_case, registrar
+from bad_input_helpers import Case, World, catalog_tests, registrar
 
 CASES: list[Case] = []
 case = registrar(CASES)
@@ -147,14 +146,7 @@ case("agent_tool_listed_twice", ["agent.tools: tool 'calculator' is listed twice
 # ---------------------------------------------------------------- the harness
 
 
-@pytest.fixture(scope="module")
-def world_base(tiny_model_path, tmp_path_factory) -> World:
-    return build_world(tiny_model_path, tmp_path_factory.mktemp("bad-inputs-more"))
-
-
-@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_bad_input_gives_one_line(c: Case, world_base: World, tmp_path, capsys, monkeypatch):
-    check_case(c, world_base, tmp_path, capsys, monkeypatch)
+world_base, test_bad_input_gives_one_line = catalog_tests(CASES, "bad-inputs-more")
 
 
 def test_jsonl_opening_with_a_byte_order_mark_reads(tmp_path):
