@@ -28,6 +28,7 @@ class Claim:
     # the method arm's schedule scaled to the protocol: overrides of the method arm only, {steps} and {half}
     # filled in (a replay that starts at step 20 never acts in a 10-step run)
     scaled: tuple[str, ...] = ()
+    ablation: bool = False  # two settings of one method's plugins: a question about it, no plugin of its own
 
     def metrics(self) -> list[tuple[str, str]]:
         """(metric, direction) of the claim, then of `also`."""
@@ -145,6 +146,9 @@ METHODS.update({  # token credit and weighting (issue 21, part A): each against 
                   "PAEC: Position-Aware Entropy Calibration for LLM Reasoning in RLVR"),
     "sr_ppo": Claim("sr_ppo", "headroom", "eval/pass@8", "higher",
                     "Learning with a Single Rollout via Monte Carlo Pass@k Critic (SR-PPO)", PASS_AT_8),
+    "sr_ppo_critic": Claim("sr_ppo", "sr_ppo_k1", "eval/pass@8", "higher",
+                           "SR-PPO's pass@8 critic against the same single-rollout recipe with a pass@1 critic "
+                           "(k: 1): the ablation of its pass@k transform", PASS_AT_8, ablation=True),
     "flowtracer": Claim("flowtracer", "headroom", "eval/accuracy", "higher",
                         "How Does Reasoning Flow? Tracing Attention-Induced Information Flow for Targeted RL (FlowTracer)"),
     "grail": Claim("grail", "headroom", "eval/accuracy", "higher",
