@@ -9,7 +9,8 @@ before its check was added.
 - files that are not regular files (a FIFO waits for a writer forever);
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
   UTF-16 surrogate pair;
-- rows that parse but hold nothing usable: a blank prompt, a chat role no template knows, a chat
+- rows that parse but hold nothing usable: an answer the reward cannot compare against (the
+  `integer` reward never matched [4, 5] or null, so those prompts only ever scored the fallback), a blank prompt, a chat role no template knows, a chat
   without text; a tool listed twice in agent.tools (the second silently replaced the first);
 - the location of an option that takes one of several types (no pydantic member tags), regexes
   (config options and every plugin option named like a pattern);
@@ -132,6 +133,8 @@ def _chat(id: str, line: str, expect: str, command: str = "train") -> None:
                                     "data.messages_field=messages", "reward=[{name: integer}]")])
 
 
+_data("data_answer_a_list", '{"prompt": "p", "answer": [4, 5]}', "answer [4, 5] cannot be checked by reward 'integer'")
+_data("data_answer_null", '{"prompt": "p", "answer": null}', "answer None cannot be checked by reward 'integer'")
 _data("data_prompt_blank", '{"prompt": "  \\n ", "answer": 1}', "field 'prompt' is empty")
 _chat("data_message_unknown_role", '{"messages": [{"role": "wizard", "content": "hi"}], "answer": 1}',
       "role 'wizard'; expected one of system")

@@ -105,6 +105,18 @@ def test_integer_reward_strict_and_lenient():
     assert integer_reward("no answer", 3, {}) == 0.0
 
 
+def test_integer_answers_the_reward_can_use():
+    """The reference of the `integer` reward: an int, an integral float (4.0 was never matched before:
+    int('4.0') failed on every sample), or text with separators; anything else is refused up front."""
+    from upslope.rewards.builtin import integer_answer
+
+    assert [integer_answer(a) for a in (7, -42, 4.0, "1,000", " 12 ")] == [7, -42, 4, 1000, 12]
+    assert integer_reward("it is 4", 4.0, {}) == 1.0
+    for bad in ([4, 5], None, {"x": 1}, True, 2.5, "four", ""):
+        with pytest.raises(ValueError):
+            integer_answer(bad)
+
+
 def test_exact_reward():
     assert exact_reward("  Paris \n", "paris", {}) == 1.0
     assert exact_reward("Paris", "paris", {}, case_sensitive=True) == 0.0

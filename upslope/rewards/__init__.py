@@ -41,6 +41,7 @@ class RewardFn:
     fn: Callable[..., Any]
     batched: bool = False
     places_tokens: bool = False  # it may return PlacedRewards (the registry trait `places_tokens` of its options)
+    answer_check: Callable[[Any], Any] | None = None  # raises ValueError for a reference answer it cannot use
 
 
 @dataclass
@@ -95,8 +96,35 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
                     fn([], [], [])
                 except ConfigError as exc:
                     raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
-        fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec)))
+        fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec), answer_check(spec)))
     return fns
+
+
+def answer_check(spec: RewardSpec) -> Callable[[Any], Any] | None:
+    """A configured reward's check of a reference answer (its registry trait `answer`, given the
+    reward's options); user functions `module:function` have none."""
+    if ":" in spec.name:
+        return None
+    check = REWARDS.get(spec.name).attrs.get("answer")
+    return None if check is None else (lambda answer: check(answer, spec.options))
+
+
+def check_answers(fns: Sequence[RewardFn], examples: Sequence[Any]) -> None:
+    """Every example's reference answer is one each reward can compare against: otherwise one
+    DataError line naming the example's file:line (an answer such as [4, 5] for the `integer`
+    reward was never matched, so those samples only ever scored the fallback, silently)."""
+    from upslope.errors import DataError
+
+    for rf in fns:
+        if rf.answer_check is None:
+            continue
+        for i, ex in enumerate(examples):
+            try:
+                rf.answer_check(ex.answer)
+            except ValueError as exc:
+                where = ex.meta.get("source", f"example {ex.id or i}")
+                raise DataError(f"{where}: answer {ex.answer!r} cannot be checked by reward '{rf.name}' "
+                                f"({exc})") from None
 
 
 def places_tokens(spec: RewardSpec) -> bool:

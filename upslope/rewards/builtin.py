@@ -9,7 +9,20 @@ from upslope.registry import REWARDS
 from upslope.rewards.extract import boxed, extract_integer, integers
 
 
-@REWARDS.register("integer")
+def integer_answer(answer: Any, options: dict[str, Any] | None = None) -> int:
+    """The reference integer of an `integer` reward: an int, an integral float, or its text ('1,234');
+    ValueError for anything else (checked on every example before training: such an answer could
+    never be matched, so its samples would only ever score the fallback)."""
+    if isinstance(answer, bool) or not isinstance(answer, (int, float, str)):
+        raise ValueError(f"expected an integer or its text, got {type(answer).__name__} {answer!r}")
+    if isinstance(answer, float):
+        if not answer.is_integer():
+            raise ValueError(f"expected an integer, got {answer!r}")
+        return int(answer)
+    return int(str(answer).replace(",", "").strip())
+
+
+@REWARDS.register("integer", answer=integer_answer)
 def integer_reward(completion: str, answer: Any, meta: dict, *,
                    extract: Literal["first", "first_result", "last", "after_equals", "boxed", "after_hashes"] = "first",
                    strict: bool = True) -> float:
@@ -19,7 +32,7 @@ def integer_reward(completion: str, answer: Any, meta: dict, *,
     extract: where the integer is read: first, first_result (first not beside an operator), last, after_equals (last '='), boxed (\\boxed{}), after_hashes ('####')
     strict: only the extracted integer counts (true), or any integer in the completion equal to the answer
     """
-    target = int(str(answer).replace(",", "").strip())
+    target = integer_answer(answer)
     got = extract_integer(completion, extract)
     if got == target:
         return 1.0

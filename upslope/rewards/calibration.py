@@ -21,6 +21,14 @@ def verifier(name: str, options: dict[str, Any] | None, who: str) -> Callable[[s
     return REWARDS.bind(name, options, where=f"reward '{who}' verifier_options")
 
 
+def verifier_answer(answer: Any, options: dict[str, Any]) -> None:
+    """The answer check of the reward this one uses as its verifier (`integer` by default), if it has one."""
+    entry = REWARDS.get(options.get("verifier_name", "integer"))
+    check = entry.attrs.get("answer")
+    if check is not None:
+        check(answer, options.get("verifier_options") or {})
+
+
 def stated_confidence(completion: str, pattern: str) -> tuple[float | None, str]:
     """(confidence in [0, 1] or None, the completion with the statement removed) from the last match of `pattern`.
 
@@ -42,7 +50,7 @@ def brier_reward_value(correct: float, confidence: float, correct_bonus: float) 
     return correct_bonus * correct - (correct - confidence) ** 2
 
 
-@REWARDS.register("brier_confidence")
+@REWARDS.register("brier_confidence", answer=verifier_answer)
 def brier_confidence(completion: str, answer: Any, meta: dict, *, verifier_name: str = "integer",
                      verifier_options: dict[str, Any] | None = None, correct_bonus: float = 1.0,
                      pattern: Regex = _CONFIDENCE,
@@ -72,7 +80,7 @@ def brier_confidence(completion: str, answer: Any, meta: dict, *, verifier_name:
     return brier_reward_value(y, confidence, correct_bonus)
 
 
-@REWARDS.register("selective")
+@REWARDS.register("selective", answer=verifier_answer)
 def selective(completion: str, answer: Any, meta: dict, *, verifier_name: str = "integer",
               verifier_options: dict[str, Any] | None = None, risk_penalty: NonNegative = 1.0,
               abstain_reward: float = 0.0, pattern: Regex = _ABSTAIN) -> float:

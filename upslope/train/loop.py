@@ -26,7 +26,7 @@ from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns
+from upslope.rewards import build_reward_fns, check_answers
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
@@ -169,6 +169,7 @@ class BaseTrainer:
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
+        check_answers(self.reward_fns, self.examples)
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
