@@ -10,8 +10,10 @@ before its check was added.
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
   UTF-16 surrogate pair;
 - rows that parse but hold nothing usable: an answer the reward cannot compare against (the
-  `integer` reward never matched [4, 5] or null, so those prompts only ever scored the fallback), a blank prompt, a chat role no template knows, a chat
-  without text; a tool listed twice in agent.tools (the second silently replaced the first);
+  `integer` reward never matched [4, 5] or null, so those prompts only ever scored the fallback),
+  a blank prompt, a chat role no template knows, a chat without text;
+- settings silently ignored: `data.split` on a single file, a tool listed twice in agent.tools (the
+  second replaced the first);
 - the location of an option that takes one of several types (no pydantic member tags), regexes
   (config options and every plugin option named like a pattern);
 - true/false given to a number option (pydantic's lax mode reads it as 1), config or plugin option.
@@ -142,6 +144,10 @@ _chat("data_messages_without_text", '{"messages": [{"role": "user", "content": "
       "no message with any text")
 _chat("sft_message_unknown_role", '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}]}',
       "message 2 has role 'bot'", command="sft")
+ONE_ROW = json.dumps({"prompt": "p", "answer": 1}) + "\n"
+case("data_split_on_a_file", lambda w: ["data.split='test'", str(w.tmp / "one.jsonl"), "is one file"])(
+    lambda w: ["train", *w.base(None, f"data.path={w.file('one.jsonl', ONE_ROW)}", "data.split=test",
+                                "reward=[{name: integer}]")])
 case("agent_tool_listed_twice", ["agent.tools: tool 'calculator' is listed twice"])(
     lambda w: _show("agent.tools=[{name: calculator}, {name: calculator, options: {}}]"))
 

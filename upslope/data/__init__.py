@@ -1,6 +1,7 @@
 """Data: sources (JSONL, Parquet, HF datasets), built-in tasks, samplers."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from upslope.data.sources import apply_template, read_records, records_to_examples
@@ -15,6 +16,9 @@ if TYPE_CHECKING:  # data reads config sections; config consults the registries 
 def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example]:
     """The Examples a data config names: a file/directory at `path`, else a built-in task."""
     if cfg.path:
+        if cfg.split and Path(cfg.path).expanduser().is_file():
+            raise ConfigError(f"data.split={cfg.split!r}: {cfg.path} is one file, with no splits (data.split "
+                              f"picks a split of a dataset directory; point data.path at the split's file instead)")
         examples = records_to_examples(read_records(cfg.path, cfg.split), cfg.prompt_field, cfg.messages_field,
                                        cfg.answer_field, cfg.template, cfg.limit)
     else:
@@ -22,6 +26,8 @@ def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example
         entry = TASKS.get(cfg.task, "data.task")
         if "split" in entry.options() and "split" not in options:
             options["split"] = cfg.split or default_split
+        elif cfg.split and "split" not in entry.options():
+            raise ConfigError(f"data.split={cfg.split!r}: task '{cfg.task}' has no splits")
         fn = TASKS.bind(cfg.task, options, where="data.options")
         examples = fn()
         if cfg.template != "{prompt}":

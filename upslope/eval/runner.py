@@ -31,7 +31,8 @@ def eval_data_config(cfg: Config) -> DataConfig:
     """The held-out data: eval.data, or the training source's test split."""
     if cfg.eval.data is not None:
         return cfg.eval.data
-    return cfg.data.model_copy(update={"split": "test", "limit": None})
+    one_file = bool(cfg.data.path) and Path(cfg.data.path).expanduser().is_file()  # a single file has no splits
+    return cfg.data.model_copy(update={"split": cfg.data.split if one_file else "test", "limit": None})
 
 
 def answer_key(completion: str, spec: RewardSpec | None) -> str | None:
