@@ -245,7 +245,8 @@ class AgentConfig(Section):
 
 
 class EvalConfig(Section):
-    data: DataConfig | None = opt(None, "held-out prompts (default: the training task with eval_seed, 200 problems)")
+    data: DataConfig | None = opt(None, "held-out prompts (default: the training task's test split, 200 problems; "
+                                        "a single training file has none, so the file itself, with a warning)")
     n: int = opt(1, "samples per prompt", ge=1)
     temperature: float = opt(0.0, "0 means greedy", ge=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)

@@ -153,3 +153,19 @@ def test_evaluation_gives_no_guidance_after_a_wrong_answer(tiny_model_path, tmp_
     for s in samples:
         assert "is not right" not in s["transcript"] and "<|im_start|>" not in s["transcript"]  # no second turn
     assert summary["accuracy"] == mean(s["correct"] for s in samples)
+
+
+def test_a_run_on_one_training_file_says_its_evaluation_is_not_held_out(tiny_model_path, tmp_path, capsys):
+    """Without eval.data, a single-file source is evaluated on that file: the run says so once (its
+    'held-out accuracy' is on training prompts); with eval.data set it does not."""
+    from upslope.cli import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))
+    base = ["train", f"model.name={tiny_model_path}", "engine.name=hf", f"data.path={data}", "reward=[{name: integer}]",
+            "train.steps=1", "train.eval_before=false", "eval.limit=2", "rollout.prompts_per_step=2", "rollout.n=2"]
+    warning = "evaluation reads the training file"
+    for extra, expected in (([], 1), ([f"eval.data.path={data}"], 0)):
+        assert main([*base, f"run_dir={tmp_path / f'r{expected}'}", *extra]) == 0
+        out = capsys.readouterr()
+        assert " ".join((out.out + out.err).split()).count(warning) == expected

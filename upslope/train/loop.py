@@ -79,6 +79,9 @@ class BaseTrainer:
         self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
+        if cfg.eval.data is None and cfg.data.path and Path(cfg.data.path).expanduser().is_file():
+            self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
+                             f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
