@@ -79,9 +79,6 @@ class BaseTrainer:
         self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
         self.eval_examples = load_examples(eval_data_config(cfg), "test")
-        if cfg.eval.data is None and cfg.data.path and Path(cfg.data.path).expanduser().is_file():
-            self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
-                             f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
@@ -267,6 +264,9 @@ class BaseTrainer:
 
     def run(self) -> dict[str, Any]:
         cfg, t = self.cfg, self.cfg.train
+        if cfg.eval.data is None and cfg.data.path and Path(cfg.data.path).expanduser().is_file():  # after every check
+            self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
+                             f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
         if self.start_step and self.uses_engine:
             self.sync_weights()
         results: dict[str, Any] = {}
