@@ -40,7 +40,7 @@ case("override_inf_float", ["optim.lr: expected a finite number (got inf)"])(lam
 case("override_float_overflow", ["optim.lr: expected a finite number"])(lambda w: _show("optim.lr=1e999"))
 case("override_nan_unbounded", ["optim.beta1: expected a finite number (got nan)"])(
     lambda w: _show("optim.beta1=.nan"))
-case("reward_weight_nan", ["reward.0.weight: expected a finite number"])(
+case("reward_weight_nan", ["reward[0].weight: expected a finite number"])(
     lambda w: _show("reward=[{name: integer, weight: .nan}]"))
 case("plugin_options_int_over_64_bits", ["data.options: expected an integer of at most 18 digits", "at count"])(
     lambda w: _show("data.options={count: 99999999999999999999}"))

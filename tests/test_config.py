@@ -89,7 +89,7 @@ def test_base_chain_that_loops_is_an_error(tmp_path):
     ("train.stepz=3", "train.stepz", "train.steps"),
     ("trian.steps=3", "trian", "train"),  # the first unknown section is reported
     ("eval.data.promt_field=q", "eval.data.promt_field", "eval.data.prompt_field"),
-    ("reward=[{name: integer, wieght: 2}]", "reward.0.wieght", "reward.0.weight"),
+    ("reward=[{name: integer, wieght: 2}]", "reward[0].wieght", "reward[0].weight"),
 ])
 def test_unknown_key_names_dotted_key_and_suggests_closest(override, bad_key, suggestion):
     with pytest.raises(ConfigError) as info:

@@ -31,12 +31,12 @@ def describe(exc: ValidationError, root: type[BaseModel]) -> str:
 
 
 def dotted(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    """A pydantic error location as a dotted key (`reward.0.weight`), without the tags pydantic adds for
+    """A pydantic error location as a dotted key (`reward[0].weight`), without the tags pydantic adds for
     the member of a union (`train.micro_batch_tokens`, not `train.micro_batch_tokens.constrained-int`)."""
     out, model, union = "", root, False
     for part in loc:
-        if isinstance(part, int):
-            out += f".{part}"
+        if isinstance(part, int):  # a list item, written as plugin options' errors write it
+            out += f"[{part}]"
             continue
         field = model.model_fields.get(part) if model is not None else None
         if union and field is None:  # the tag of the union member that failed

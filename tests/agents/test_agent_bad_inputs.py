@@ -16,7 +16,7 @@ from upslope.cli import main
     (["agent.hint_decay=2"], "agent.hint_decay"),
     (["agent.env.options={hints: -1}"], "agent.env.options.hints: Input should be greater than or equal to 0 (got -1)"),
     (["agent.tools=[{name: python, options: {timeout_s: 0}}]"], "agent.tools[0].options.timeout_s: Input should be greater than 0"),
-    (["agent.tools=[{name: python, options: {timeout_s: .inf}}]"], "agent.tools.0.options: expected a finite number at timeout_s (got inf)"),
+    (["agent.tools=[{name: python, options: {timeout_s: .inf}}]"], "agent.tools[0].options: expected a finite number at timeout_s (got inf)"),
     (["agent.tool_timeout_s=.inf"], "agent.tool_timeout_s: expected a finite number (got inf)"),
     (["rollout.options={branches: 1}"], "rollout.options.branches: unknown option for rollout 'multi_turn'"),
     (["rollout.max_prompt_tokens=64"], "over rollout.max_prompt_tokens=64"),
