@@ -13,7 +13,8 @@ before its check was added.
   `integer` reward never matched [4, 5] or null, so those prompts only ever scored the fallback),
   a blank prompt, a chat role no template knows, a chat without text;
 - settings silently ignored: `data.split` on a single file, a tool listed twice in agent.tools (the
-  second replaced the first);
+  second replaced the first), options that cannot act in the configuration (TIS against the sampler
+  itself, an adaptive KL target with no KL, critic options without a critic estimator);
 - the location of an option that takes one of several types (no pydantic member tags), regexes
   (config options and every plugin option named like a pattern);
 - true/false given to a number option (pydantic's lax mode reads it as 1), config or plugin option.
@@ -148,6 +149,11 @@ ONE_ROW = json.dumps({"prompt": "p", "answer": 1}) + "\n"
 case("data_split_on_a_file", lambda w: ["data.split='test'", str(w.tmp / "one.jsonl"), "is one file"])(
     lambda w: ["train", *w.base(None, f"data.path={w.file('one.jsonl', ONE_ROW)}", "data.split=test",
                                 "reward=[{name: integer}]")])
+case("correction_against_the_sampler_itself", ["algo.correction has no effect with algo.old_policy=sampler"])(
+    lambda w: _show("algo.correction={cap: 2.0}", "algo.old_policy=sampler"))
+case("kl_target_without_kl", ["algo.kl_target needs algo.kl_coef > 0"])(lambda w: _show("algo.kl_target=0.01"))
+case("critic_options_without_a_critic", ["critic options are set but algo.advantage 'grpo' uses no critic"])(
+    lambda w: _show("critic.lr=1e-4"))
 case("agent_tool_listed_twice", ["agent.tools: tool 'calculator' is listed twice"])(
     lambda w: _show("agent.tools=[{name: calculator}, {name: calculator, options: {}}]"))
 

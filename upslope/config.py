@@ -444,7 +444,24 @@ def validate(raw: dict[str, Any], source: str = "config") -> Config:
     except ValidationError as exc:
         raise ConfigError(f"{source}: {describe(exc, Config)}") from None
     check_plugin_names(cfg, source)
+    check_idle_options(cfg, source)
     return cfg
+
+
+def check_idle_options(cfg: Config, source: str = "config") -> None:
+    """An option that cannot act in this configuration is a ConfigError, not a silent no-op."""
+    from upslope.registry import ADVANTAGES
+
+    a = cfg.algo
+    if a.correction is not None and a.old_policy == "sampler":
+        raise ConfigError(f"{source}: algo.correction has no effect with algo.old_policy=sampler (the ratio is already "
+                          f"taken against the sampler's log-probs, so every weight is 1); drop one of them")
+    if a.kl_target is not None and not a.kl_coef:
+        raise ConfigError(f"{source}: algo.kl_target needs algo.kl_coef > 0 (the adaptive coefficient starts there; "
+                          f"with 0 no KL is computed at all)")
+    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).attrs.get("critic"):
+        raise ConfigError(f"{source}: critic options are set but algo.advantage '{a.advantage.name}' uses no critic "
+                          f"(gae and sr_ppo do); drop them or pick a critic estimator")
 
 
 EXTRA_NAMES = {"engine": ("auto",)}  # accepted besides the registered names
