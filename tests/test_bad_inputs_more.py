@@ -154,6 +154,9 @@ case("correction_against_the_sampler_itself", ["algo.correction has no effect wi
 case("kl_target_without_kl", ["algo.kl_target needs algo.kl_coef > 0"])(lambda w: _show("algo.kl_target=0.01"))
 case("critic_options_without_a_critic", ["critic options are set but algo.advantage 'grpo' uses no critic"])(
     lambda w: _show("critic.lr=1e-4"))
+case("sweep_recipe_not_text", lambda w: [str(w.tmp / "s.yaml"), "recipe: Input should be a valid string"])(
+    lambda w: ["sweep", str(w.file("s.yaml", "recipe: [rec.yaml]\nspace: {optim.lr: [1e-5, 2e-5]}\n")), "--out",
+               str(w.tmp / "sw")])
 case("agent_tool_listed_twice", ["agent.tools: tool 'calculator' is listed twice"])(
     lambda w: _show("agent.tools=[{name: calculator}, {name: calculator, options: {}}]"))
 

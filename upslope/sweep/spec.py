@@ -183,8 +183,8 @@ def read_sweep_file(path: str) -> dict[str, Any]:
     """A sweep file's settings, its recipe made relative to the working directory, overrides as key=value."""
     p = Path(path)
     data = load_yaml(p.read_text(encoding="utf-8"))
-    if data.get("recipe"):
-        data["recipe"] = str((p.parent / str(data["recipe"])).resolve())
+    if isinstance(data.get("recipe"), str) and data["recipe"]:  # any other value is left for make_spec to refuse
+        data["recipe"] = str((p.parent / data["recipe"]).resolve())
     if isinstance(data.get("overrides"), dict):
         data["overrides"] = [f"{k}={yaml_value(v)}" for k, v in data["overrides"].items()]
     return data
