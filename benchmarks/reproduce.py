@@ -359,7 +359,10 @@ def render(rows: list[dict[str, Any]], notes: str = "", plot: bool = False) -> s
             out += [f"| {r['method']} (also) | | {_cells(a, r['baseline'])} | | | |" for a in r.get("also", [])]
         total = sum(r["cpu_s"] for r in latest.values())
         verdicts = statistics_of_verdicts(latest.values())
-        out += ["", f"{len(latest)} rows ({len({m for m, _, _ in latest})} methods): {verdicts}."]
+        methods = {m for m, _, _ in latest}
+        ablations = {m for m in methods if m in METHODS and METHODS[m].ablation}
+        kinds = f"{len(methods - ablations)} methods" + (f", {len(ablations)} ablation{'s' * (len(ablations) > 1)}" if ablations else "")
+        out += ["", f"{len(latest)} rows ({kinds}): {verdicts}."]
         out += ["", f"Total CPU time of these rows: {total / 3600:.2f} h ({total:.0f} s, user + system of the runs)."]
     return "\n".join(out) + "\n"
 
