@@ -13,10 +13,15 @@ if TYPE_CHECKING:  # data reads config sections; config consults the registries 
     from upslope.config import DataConfig
 
 
+def is_single_file(cfg: DataConfig) -> bool:
+    """Is the source one data file (which has no splits), rather than a dataset directory or a task?"""
+    return bool(cfg.path) and Path(cfg.path).expanduser().is_file()
+
+
 def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example]:
     """The Examples a data config names: a file/directory at `path`, else a built-in task."""
     if cfg.path:
-        if cfg.split and Path(cfg.path).expanduser().is_file():
+        if cfg.split and is_single_file(cfg):
             raise ConfigError(f"data.split={cfg.split!r}: {cfg.path} is one file, with no splits (data.split "
                               f"picks a split of a dataset directory; point data.path at the split's file instead)")
         examples = records_to_examples(read_records(cfg.path, cfg.split), cfg.prompt_field, cfg.messages_field,
@@ -50,5 +55,5 @@ def task_default_reward(cfg: DataConfig) -> tuple[str, dict[str, Any]] | None:
     return (name, dict(entry.attrs.get("reward_options", {}))) if name else None
 
 
-__all__ = ["Example", "load_examples", "task_default_reward", "read_records", "records_to_examples",
+__all__ = ["Example", "is_single_file", "load_examples", "task_default_reward", "read_records", "records_to_examples",
            "ConfigError", "DataError"]

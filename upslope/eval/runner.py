@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from upslope.batch import Batch, concat
 from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
-from upslope.data import load_examples
+from upslope.data import is_single_file, load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.errors import ConfigError
@@ -31,8 +31,8 @@ def eval_data_config(cfg: Config) -> DataConfig:
     """The held-out data: eval.data, or the training source's test split."""
     if cfg.eval.data is not None:
         return cfg.eval.data
-    one_file = bool(cfg.data.path) and Path(cfg.data.path).expanduser().is_file()  # a single file has no splits
-    return cfg.data.model_copy(update={"split": cfg.data.split if one_file else "test", "limit": None})
+    split = cfg.data.split if is_single_file(cfg.data) else "test"  # a single file has no splits
+    return cfg.data.model_copy(update={"split": split, "limit": None})
 
 
 def answer_key(completion: str, spec: RewardSpec | None) -> str | None:

@@ -15,7 +15,7 @@ import torch
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config, dump
-from upslope.data import load_examples
+from upslope.data import is_single_file, load_examples
 from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
@@ -264,7 +264,7 @@ class BaseTrainer:
 
     def run(self) -> dict[str, Any]:
         cfg, t = self.cfg, self.cfg.train
-        if cfg.eval.data is None and cfg.data.path and Path(cfg.data.path).expanduser().is_file():  # after every check
+        if cfg.eval.data is None and is_single_file(cfg.data):  # warned here, after every check
             self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
         if self.start_step and self.uses_engine:
