@@ -192,7 +192,8 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
 # ---------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options (also read by benchmarks/gpu_check.py, which runs chosen cells)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=2, help="torch threads on CPU (default 2, this machine's cores)")
@@ -220,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--override", action="append", help="extra upslope key=value for the learner (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="result JSON path (default benchmarks/results/learner_mfu-<device>-<time>.json)")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
 
     import torch
     from rich.table import Table

@@ -151,7 +151,7 @@ _BUILTINS_LOADED = False
 # the registries, so they import this module; none may import upslope.config at load time
 # (config consults the registries: tests/test_import_graph.py checks both).
 BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
-                   "upslope.rollout.hf", "upslope.rollout.vllm", "upslope.rollout.shaping", "upslope.train.stages",
+                   "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.shaping", "upslope.train.stages",
                    "upslope.agents")
 BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
                     "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)

@@ -1,4 +1,4 @@
-"""Whole commands on a CUDA GPU (train with the HF and the vLLM engine, eval, sft, dpo, distill,
+"""Whole commands on a CUDA GPU (train with the HF, paged and vLLM engines, eval, sft, dpo, distill,
 LoRA, resume from a CPU checkpoint) on a tiny random-init model. Marked `gpu`: deselected by
 default, skipped without CUDA (`pytest -m gpu`). Each checks that the work ran on the GPU."""
 from __future__ import annotations
@@ -44,6 +44,18 @@ def test_train_three_steps_with_the_hf_engine_on_the_gpu(gpu_tiny_model, tmp_pat
     assert [r["step"] for r in got] == [1, 2, 3] and all(r["rollout/engine_on_gpu"] == 1.0 for r in got)
     assert all(r["rollout/tokens_per_s"] > 0 and r["learner/tokens_per_s"] > 0 for r in got)
     assert hardware_record(run)["defaults"]["on_gpu"]
+
+
+def test_train_three_steps_with_the_paged_engine_on_the_gpu(gpu_tiny_model, tmp_path):
+    """Continuous batching on the GPU in fp32: the sampler's log-probs are the learner's (mismatch is
+    the mean |sampler - learner| log-prob over the batch's tokens, before any update)."""
+    run = tmp_path / "paged"
+    assert main(["train", *common(gpu_tiny_model, run, "engine.name=hf_paged", "train.steps=3",
+                                  "train.precision=float32", "model.dtype=float32", "engine.dtype=float32")]) == 0
+    got = rows(run)
+    assert [r["step"] for r in got] == [1, 2, 3] and all(r["rollout/engine_on_gpu"] == 1.0 for r in got)
+    assert all(r["mismatch"] < 1e-3 for r in got), [r["mismatch"] for r in got]
+    assert all(r["memory/gpu_peak_gib"] > 0 for r in got)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (CUDA build) not importable")

@@ -32,7 +32,7 @@ from upslope.runtime import Runtime
 from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
-from upslope.train.timing import StageClock, throughput
+from upslope.train.timing import StageClock, gpu_peak_gib, throughput
 
 if TYPE_CHECKING:
     from upslope.train.learner.stream import StreamedUpdate
@@ -300,6 +300,7 @@ class BaseTrainer:
             metrics = self.step(step)
         metrics.update(self.clock.metrics())
         metrics.update(throughput(metrics))
+        metrics.update(gpu_peak_gib(self.device))
         if self.pipe is not None:
             seconds = self.clock.seconds["step"]
             metrics.update(self.pipe.step_metrics(seconds))

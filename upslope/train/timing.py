@@ -49,3 +49,15 @@ def throughput(metrics: dict[str, float]) -> dict[str, float]:
         if tokens in metrics and seconds is not None:
             out[f"{kind}/tokens_per_s"] = metrics[tokens] / max(seconds, 1e-9)
     return out
+
+
+def gpu_peak_gib(device: object) -> dict[str, float]:
+    """`memory/gpu_peak_gib`: the most GPU memory torch held at once since the last call (the call
+    resets the high-water mark), so each step reports its own peak; nothing on a CPU learner."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"memory/gpu_peak_gib": peak}

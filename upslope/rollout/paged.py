@@ -1,0 +1,113 @@
+"""transformers' continuous batching: a paged KV cache filled by a scheduler that admits new
+sequences as others finish, instead of `generate`'s padded batches that run until their longest
+row ends. Needs nothing beyond transformers (5.x), runs on the CPU and on a GPU, and returns the
+sampler's own log-probs (the log-softmax of the processed logits it drew from).
+
+One `generate` call is one continuous-batching session: the manager and its KV cache exist for the
+call only, so a colocated learner gets the memory back between rollouts and no cached prefix
+outlives a weight update. A prompt's `n` completions are forked from one prefill."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from upslope.bounds import Count, PositiveFraction
+from upslope.errors import UpslopeError
+from upslope.hardware import fit_threads
+from upslope.registry import ENGINES
+from upslope.rollout.base import Completion, SamplingParams
+from upslope.rollout.hf import HFEngine
+
+if TYPE_CHECKING:
+    from upslope.config import EngineConfig
+    from upslope.rollout.engines import EngineContext
+
+PAGE_TOKENS = 256  # tokens a cache page holds (transformers' default)
+
+
+class PagedEngine(HFEngine):
+    """A private copy of the policy generating with transformers' `generate_batch` (continuous
+    batching, paged attention); weights are updated in place as in the `hf` engine."""
+
+    name = "hf_paged"
+
+    def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", threads: int = 0,
+                 device: str = "cpu", max_batch_tokens: int = 0, memory_fraction: float = 0.9):
+        super().__init__(model_path, tokenizer, dtype=dtype, threads=threads, device=device)
+        on_gpu = self.device.startswith("cuda")
+        self.max_batch_tokens = max_batch_tokens or (8192 if on_gpu else 1024)
+        self.memory_fraction = memory_fraction
+        # transformers logs a warning per request that samples past its limit; keep logs clean
+        logging.getLogger("transformers.generation.continuous_batching").setLevel(logging.ERROR)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        from transformers import GenerationConfig
+
+        fit_threads(self.threads)
+        greedy = params.temperature == 0
+        copies = params.n if greedy else 1  # greedy children would all be the same: submit copies instead
+        inputs = [list(p) for p in prompts for _ in range(copies)]
+        children = params.n // copies
+        stops = list(params.stop_token_ids) or [self.tokenizer.eos_token_id]
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens, do_sample=not greedy, num_return_sequences=children,
+            temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+            top_k=None if greedy else params.top_k,  # 0 turns off transformers' default top-k of 50
+            eos_token_id=stops, pad_token_id=self.pad_id)
+        need = len(inputs) * children * math.ceil((max(map(len, inputs)) + params.max_new_tokens) / PAGE_TOKENS)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        with torch.random.fork_rng(devices=[self.device] if self.device != "cpu" else []):
+            outs = self.model.generate_batch(inputs, generation_config=config,
+                                             continuous_batching_config=self._batching_config(need + 2, seed),
+                                             progress_bar=False)
+        rows = list(outs.values())  # in input order, each prompt's forked children before itself
+        failed = [r for r in rows if r.error is not None]
+        if len(rows) != len(inputs) * children or failed:
+            reason = failed[0].error if failed else f"{len(inputs) * children - len(rows)} sequences missing"
+            raise UpslopeError(f"engine hf_paged: continuous batching failed ({reason})")
+        stop_set = set(stops)
+        completions = [self._completion(r, stop_set, params.max_new_tokens) for r in rows]
+        per_prompt = children * copies
+        return [completions[i * per_prompt:(i + 1) * per_prompt] for i in range(len(prompts))]
+
+    def _batching_config(self, blocks: int, seed: int) -> Any:
+        """The session's ContinuousBatchingConfig: a cache of `blocks` pages (what the batch needs; fewer
+        if memory allows fewer) and the sampler's log-probs, with the field names this transformers has."""
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        want: dict[str, Any] = {"return_logprobs": True, "seed": seed, "max_batch_tokens": self.max_batch_tokens,
+                                "num_blocks": blocks, "max_memory_percent": self.memory_fraction,
+                                # shared prefix pages are kept by hash across requests: off, so a page
+                                # computed before a weight update is never reused after it
+                                "allow_block_sharing": False}
+        want["page_size" if "page_size" in fields else "block_size"] = PAGE_TOKENS
+        return ContinuousBatchingConfig(**{k: v for k, v in want.items() if k in fields})
+
+    def _completion(self, out: Any, stops: set[int], max_new_tokens: int) -> Completion:
+        toks = list(out.generated_tokens)
+        end = next((i + 1 for i, t in enumerate(toks) if t in stops), None)
+        toks = toks[:end] if end is not None else toks[:max_new_tokens]
+        logps = [float(x) for x in out.logprobs[:len(toks)]]
+        if len(logps) != len(toks):
+            raise UpslopeError(f"engine hf_paged: {len(toks)} tokens but {len(logps)} log-probs returned")
+        finish = "stop" if end is not None else "length"
+        return Completion(toks, logps, self.tokenizer.decode(toks, skip_special_tokens=True), finish)
+
+
+@ENGINES.register("hf_paged")
+def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: Count = 0,
+                   memory_fraction: PositiveFraction = 0.9) -> PagedEngine:
+    """transformers' continuous batching with paged attention (generate_batch): CPU or GPU, no extra package.
+    max_batch_tokens: tokens per forward (0: 8192 on a GPU, 1024 on a CPU); memory_fraction: most of the
+    free GPU memory its KV cache may take."""
+    return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
+                       threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
+                       memory_fraction=memory_fraction)
