@@ -142,34 +142,42 @@ def part_engine(p: Part) -> None:
     dtype = "float32" if p.dry else "bfloat16"
     new, batches = (8, [2, 4]) if p.dry else (256, [64, 256])
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, seed=0)
-    builders: dict[str, Callable[[int], Any]] = {
-        "hf": lambda b: HFEngine(model, tok, dtype=dtype, batch_size=b, device=p.device),
-        "hf_paged": lambda b: PagedEngine(model, tok, dtype=dtype, device=p.device)}
+    builders: dict[str, Callable[[], Any]] = {
+        "hf_paged+graphs": lambda: PagedEngine(model, tok, dtype=dtype, device=p.device, cuda_graphs=True),
+        "hf": lambda: HFEngine(model, tok, dtype=dtype, batch_size=max(batches), device=p.device),
+        "hf_paged": lambda: PagedEngine(model, tok, dtype=dtype, device=p.device)}
+    wanted = os.environ.get("UPSLOPE_GPU_ENGINES", ",".join(builders)).split(",")
     out: dict[str, Any] = {"shape": shape, "new_tokens": new}
-    for name, build in builders.items():
-        for batch in batches:
-            engine = build(batch)
-            prompts = [tok.encode(f"Question {i}: what is {i} * 7?") for i in range(batch)]
-            t = time.perf_counter()
-            engine.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4, seed=0))  # warm-up
-            p.sync()
-            warm = time.perf_counter() - t
-            t = time.perf_counter()
-            got = engine.generate(prompts, params)
-            p.sync()
-            seconds = time.perf_counter() - t
-            tokens = sum(len(c.token_ids) for cs in got for c in cs)
-            out[f"{name}/batch_{batch}"] = {"tokens": tokens, "seconds": round(seconds, 3), "warmup_s": round(warm, 2),
-                                            "tokens_per_s": round(tokens / seconds, 1), "device": engine.device}
+    for name in [n for n in builders if n in wanted]:
+        try:
+            engine = builders[name]()
+            for batch in batches:
+                prompts = [tok.encode(f"Question {i}: what is {i} * 7?") for i in range(batch)]
+                t = time.perf_counter()
+                engine.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4, seed=0))  # warm-up
+                p.sync()
+                warm = time.perf_counter() - t
+                t = time.perf_counter()
+                got = engine.generate(prompts, params)
+                p.sync()
+                seconds = time.perf_counter() - t
+                tokens = sum(len(c.token_ids) for cs in got for c in cs)
+                out[f"{name}/batch_{batch}"] = {"tokens": tokens, "seconds": round(seconds, 3),
+                                                "warmup_s": round(warm, 2), "tokens_per_s": round(tokens / seconds, 1),
+                                                "device": engine.device}
+                p.record("engine", out)
             engine.close()
             del engine
-            if p.device == "cuda":
-                torch.cuda.empty_cache()
-            p.record("engine", out)
+        except Exception as exc:  # one engine failing must not lose the others
+            out[f"{name}/error"] = repr(exc)[:400]
+        if p.device == "cuda":
+            torch.cuda.empty_cache()
+        p.record("engine", out)
     for batch in batches:
-        hf, paged = out.get(f"hf/batch_{batch}"), out.get(f"hf_paged/batch_{batch}")
-        if hf and paged:
-            out[f"paged_over_hf/batch_{batch}"] = round(paged["tokens_per_s"] / hf["tokens_per_s"], 2)
+        for name in ("hf_paged", "hf_paged+graphs"):
+            hf, paged = out.get(f"hf/batch_{batch}"), out.get(f"{name}/batch_{batch}")
+            if hf and paged:
+                out[f"{name}_over_hf/batch_{batch}"] = round(paged["tokens_per_s"] / hf["tokens_per_s"], 2)
     p.record("engine", out)
 
 
@@ -363,7 +371,7 @@ def summary(report: dict[str, Any]) -> str:
         lines += ["| engine | batch | tokens/s | seconds |", "|---|---|---|---|"]
         lines += [f"| {k.split('/')[0]} | {k.split('_')[-1]} | {v['tokens_per_s']} | {v['seconds']} |"
                   for k, v in engine.items() if isinstance(v, dict)]
-        lines += [f"paged / hf: {k.split('_')[-1]}: {v}" for k, v in engine.items() if k.startswith("paged_over")] + [""]
+        lines += [f"{k}: {v}" for k, v in engine.items() if "_over_hf" in k or k.endswith("/error")] + [""]
     cells = report["parts"].get("learner", {}).get("cells", [])
     if cells:
         lines += ["| shape | precision | shared prompts | tokens/s | MFU (bf16 peak) | s/update | peak GiB |",
@@ -393,6 +401,8 @@ def main() -> int:
     p.add_argument("--only", default=",".join(ORDER), help="comma list of the parts to run, in this order")
     p.add_argument("--budget", type=float, default=420, help="seconds for the whole check (GPU): a part gets at "
                                                              "most what is left")
+    p.add_argument("--limits", default=os.environ.get("UPSLOPE_GPU_LIMITS", ""),
+                   help="per-part limits in seconds replacing the defaults, e.g. engine=200,loop=120")
     p.add_argument("--part", help=argparse.SUPPRESS)  # internal: run this one part here
     a = p.parse_args()
     Path(a.work).mkdir(parents=True, exist_ok=True)
@@ -405,6 +415,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("gpu_check: no CUDA GPU here (use --cpu-dry-run to test the script)", file=sys.stderr)
             return 2
+    limits = {k: float(v) for k, v in (x.split("=") for x in a.limits.split(",") if x)}
     start = time.perf_counter()
     report: dict[str, Any] = {"dry_run": a.cpu_dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                               "commit": _commit(), "parts": {}}
@@ -413,7 +424,7 @@ def main() -> int:
         if left < 10:
             report["parts"][name] = {"_run": {"rc": "skipped: the check's budget is spent", "seconds": 0}}
             continue
-        limit = left if a.cpu_dry_run else min(LIMITS[name], left)
+        limit = left if a.cpu_dry_run else min(limits.get(name, LIMITS[name]), left)
         print(f"gpu_check: {name} (at most {limit:.0f} s) ...", flush=True)
         report["parts"][name] = run_part(name, a, limit)
         print(f"gpu_check: {name}: rc {report['parts'][name]['_run']['rc']}, "

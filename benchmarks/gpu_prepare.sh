@@ -2,7 +2,7 @@
 # Run HERE (with network) before lending a GPU machine: puts into .gpu_assets/ (git-ignored,
 # carried to the device with `carry: [".gpu_assets"]`) the pure-Python wheels the device image
 # lacks, a model skeleton (config + tokenizer of the embedded SmolLM2-135M, no weights) and the
-# GSM8K test file (the loop part's prompts).
+# GSM8K files (the loop part's prompts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
@@ -21,5 +21,5 @@ for f in config.json generation_config.json tokenizer.json tokenizer_config.json
 done
 data=$(PYTHONPATH=$PWD "$PY" -c "from upslope.data.paths import shared_data_dir; print(shared_data_dir())" | tail -1)
 mkdir -p .gpu_assets/data/gsm8k
-cp "$data/gsm8k/test.jsonl" .gpu_assets/data/gsm8k/
+cp "$data/gsm8k/test.jsonl" "$data/gsm8k/train.jsonl" .gpu_assets/data/gsm8k/
 du -sh .gpu_assets

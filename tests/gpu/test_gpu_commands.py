@@ -101,7 +101,8 @@ def test_a_cpu_checkpoint_resumes_on_the_gpu(gpu_tiny_model, tmp_path, precision
     with bf16), step 2 resumed on the GPU from that checkpoint."""
     run = tmp_path / f"resume-{precision}"
     args = common(gpu_tiny_model, run, "engine.name=hf", f"train.precision={precision}", "train.save_every=1")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    path = os.environ.get("PYTHONPATH")  # keeps packages installed beside the interpreter's (a --target dir)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{REPO}:{path}" if path else str(REPO)}
     cpu = subprocess.run([sys.executable, "-m", "upslope.cli", "train", *args, "train.steps=1"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert cpu.returncode == 0, cpu.stderr[-2000:]

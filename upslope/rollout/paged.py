@@ -5,7 +5,9 @@ sampler's own log-probs (the log-softmax of the processed logits it drew from).
 
 One `generate` call is one continuous-batching session: the manager and its KV cache exist for the
 call only, so a colocated learner gets the memory back between rollouts and no cached prefix
-outlives a weight update. A prompt's `n` completions are forked from one prefill."""
+outlives a weight update. A prompt's `n` completions are `n` requests of the same prompt (within a
+call its full pages are shared); transformers 5.17 returns no forked children for
+`num_return_sequences`, so the engine does not ask for them."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,12 +38,14 @@ class PagedEngine(HFEngine):
     name = "hf_paged"
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", threads: int = 0,
-                 device: str = "cpu", max_batch_tokens: int = 0, memory_fraction: float = 0.9):
+                 device: str = "cpu", max_batch_tokens: int = 0, memory_fraction: float = 0.9,
+                 cuda_graphs: bool = False):
         super().__init__(model_path, tokenizer, dtype=dtype, threads=threads, device=device)
         on_gpu = self.device.startswith("cuda")
         self.max_batch_tokens = max_batch_tokens or (8192 if on_gpu else 1024)
         self.memory_fraction = memory_fraction
-        # transformers logs a warning per request that samples past its limit; keep logs clean
+        self.cuda_graphs = cuda_graphs and on_gpu
+        # transformers warns once per request that samples a token past its limit: keep logs clean
         logging.getLogger("transformers.generation.continuous_batching").setLevel(logging.ERROR)
 
     @torch.no_grad()
@@ -52,30 +56,27 @@ class PagedEngine(HFEngine):
 
         fit_threads(self.threads)
         greedy = params.temperature == 0
-        copies = params.n if greedy else 1  # greedy children would all be the same: submit copies instead
-        inputs = [list(p) for p in prompts for _ in range(copies)]
-        children = params.n // copies
+        inputs = [list(p) for p in prompts for _ in range(params.n)]
         stops = list(params.stop_token_ids) or [self.tokenizer.eos_token_id]
         config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens, do_sample=not greedy, num_return_sequences=children,
+            max_new_tokens=params.max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
             top_k=None if greedy else params.top_k,  # 0 turns off transformers' default top-k of 50
             eos_token_id=stops, pad_token_id=self.pad_id)
-        need = len(inputs) * children * math.ceil((max(map(len, inputs)) + params.max_new_tokens) / PAGE_TOKENS)
+        need = len(inputs) * math.ceil((max(map(len, inputs)) + params.max_new_tokens) / PAGE_TOKENS)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         with torch.random.fork_rng(devices=[self.device] if self.device != "cpu" else []):
             outs = self.model.generate_batch(inputs, generation_config=config,
                                              continuous_batching_config=self._batching_config(need + 2, seed),
                                              progress_bar=False)
-        rows = list(outs.values())  # in input order, each prompt's forked children before itself
+        rows = list(outs.values())  # in input order
         failed = [r for r in rows if r.error is not None]
-        if len(rows) != len(inputs) * children or failed:
-            reason = failed[0].error if failed else f"{len(inputs) * children - len(rows)} sequences missing"
+        if len(rows) != len(inputs) or failed:
+            reason = failed[0].error if failed else f"{len(inputs) - len(rows)} of {len(inputs)} sequences missing"
             raise UpslopeError(f"engine hf_paged: continuous batching failed ({reason})")
         stop_set = set(stops)
         completions = [self._completion(r, stop_set, params.max_new_tokens) for r in rows]
-        per_prompt = children * copies
-        return [completions[i * per_prompt:(i + 1) * per_prompt] for i in range(len(prompts))]
+        return [completions[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def _batching_config(self, blocks: int, seed: int) -> Any:
         """The session's ContinuousBatchingConfig: a cache of `blocks` pages (what the batch needs; fewer
@@ -85,9 +86,7 @@ class PagedEngine(HFEngine):
         fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
         want: dict[str, Any] = {"return_logprobs": True, "seed": seed, "max_batch_tokens": self.max_batch_tokens,
                                 "num_blocks": blocks, "max_memory_percent": self.memory_fraction,
-                                # shared prefix pages are kept by hash across requests: off, so a page
-                                # computed before a weight update is never reused after it
-                                "allow_block_sharing": False}
+                                "use_cuda_graph": self.cuda_graphs}
         want["page_size" if "page_size" in fields else "block_size"] = PAGE_TOKENS
         return ContinuousBatchingConfig(**{k: v for k, v in want.items() if k in fields})
 
@@ -104,10 +103,10 @@ class PagedEngine(HFEngine):
 
 @ENGINES.register("hf_paged")
 def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: Count = 0,
-                   memory_fraction: PositiveFraction = 0.9) -> PagedEngine:
+                   memory_fraction: PositiveFraction = 0.9, cuda_graphs: bool = False) -> PagedEngine:
     """transformers' continuous batching with paged attention (generate_batch): CPU or GPU, no extra package.
     max_batch_tokens: tokens per forward (0: 8192 on a GPU, 1024 on a CPU); memory_fraction: most of the
-    free GPU memory its KV cache may take."""
+    free GPU memory its KV cache may take; cuda_graphs: replay captured CUDA graphs (GPU only)."""
     return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
                        threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
-                       memory_fraction=memory_fraction)
+                       memory_fraction=memory_fraction, cuda_graphs=cuda_graphs)
