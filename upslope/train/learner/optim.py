@@ -43,3 +43,46 @@ def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, cfg))
+
+
+def moments_as(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """`saved` (an optimiser state dict) with each parameter's moments in the layout `optimizer` keeps:
+    8-bit blocks, bf16 or fp32 tensors. A checkpoint written where the defaults chose another layout
+    (a CPU run's bf16 weights with 8-bit moments, resumed on a GPU with fp32 master weights and
+    torch's fused AdamW, or the reverse) resumes with the same moments, converted once: exact where
+    the target holds more precision than the source, within the 8-bit rounding where it holds less.
+    A state already in the target's layout is returned as it is (bit-exact resume)."""
+    from upslope.train.learner.adamw import QBLOCK, dequantize_log8, quantize_log8
+
+    ours = isinstance(optimizer, AdamW)
+    params = {i: p for group, saved_group in zip(optimizer.param_groups, saved["param_groups"])
+              for p, i in zip(group["params"], saved_group["params"])}
+    state = {}
+    for index, st in saved["state"].items():
+        p = params.get(index)
+        if p is None or "exp_avg" not in st:
+            state[index] = st
+            continue
+        quantized = "exp_avg_scale" in st
+        want_quantized = ours and optimizer.state_dtype == torch.int8
+        want_dtype = optimizer.state_dtype if ours and not want_quantized else p.dtype if not ours else None
+        if quantized == want_quantized and (quantized or st["exp_avg"].dtype == want_dtype):
+            state[index] = st
+            continue
+        n = p.numel()
+        if quantized:
+            m = dequantize_log8(st["exp_avg"], st["exp_avg_scale"])[:n]
+            v = dequantize_log8(st["exp_avg_sq"], st["exp_avg_sq_scale"])[:n].square()
+        else:
+            m, v = st["exp_avg"].float().reshape(-1), st["exp_avg_sq"].float().reshape(-1)
+        moved = {"step": st["step"]}
+        if want_quantized:
+            pad = -(-n // QBLOCK) * QBLOCK - n
+            moved["exp_avg"], moved["exp_avg_scale"] = quantize_log8(torch.nn.functional.pad(m, (0, pad)), signed=True)
+            moved["exp_avg_sq"], moved["exp_avg_sq_scale"] = quantize_log8(
+                torch.nn.functional.pad(v.sqrt(), (0, pad)), signed=False)
+        else:
+            moved["exp_avg"] = m.to(want_dtype).view(p.shape)
+            moved["exp_avg_sq"] = v.to(want_dtype).view(p.shape)
+        state[index] = moved
+    return {**saved, "state": state}

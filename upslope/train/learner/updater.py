@@ -21,7 +21,7 @@ from upslope.models import load_model
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
 from upslope.train.learner.memory import return_large_frees, use_lean_activations
-from upslope.train.learner.optim import make_optimizer, make_scheduler
+from upslope.train.learner.optim import make_optimizer, make_scheduler, moments_as
 
 if TYPE_CHECKING:
     from upslope.train.learner.objectives import Objective
@@ -335,7 +335,7 @@ class Updater:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what `state` saved (a sharded optimiser state was restored by `load_sharded`)."""
         if state["optimizer"] != SHARDED_STATE:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(moments_as(state["optimizer"], self.optimizer))
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_sharded(self, path: Path) -> None:
