@@ -47,6 +47,11 @@ class Part:
         self.work = Path(args.work)
         self.results: dict[str, Any] = {}
         self.path = self.work / f"part-{args.part}.json"
+        self.deadline: float = args.deadline or float("inf")  # wall-clock time the driver stops this part at
+
+    def left(self, margin: float = 5.0) -> float | None:
+        """Seconds this part may still give a subprocess of its own (None: no limit)."""
+        return None if self.deadline == float("inf") else max(self.deadline - time.time() - margin, 1.0)
 
     def record(self, key: str, value: Any) -> None:
         self.results[key] = value
@@ -94,7 +99,11 @@ def part_pytest(p: Part) -> None:
         cmd += ["-n", "4"]  # the tests are small: four at a time on one GPU
     t = time.perf_counter()
     with out.open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_env()).returncode
+        try:
+            rc: int | str = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_env(),
+                                           timeout=p.left()).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     lines = out.read_text().splitlines()
     p.record("pytest", {"rc": rc, "seconds": round(time.perf_counter() - t, 1), "summary": lines[-1] if lines else "",
                         "failed": [x for x in lines if x.startswith(("FAILED", "ERROR"))][:20]})
@@ -145,7 +154,7 @@ def part_engine(p: Part) -> None:
     builders: dict[str, Callable[[], Any]] = {
         "hf_paged+graphs": lambda: PagedEngine(model, tok, dtype=dtype, device=p.device, cuda_graphs=True),
         "hf": lambda: HFEngine(model, tok, dtype=dtype, batch_size=max(batches), device=p.device),
-        "hf_paged": lambda: PagedEngine(model, tok, dtype=dtype, device=p.device)}
+        "hf_paged": lambda: PagedEngine(model, tok, dtype=dtype, device=p.device, cuda_graphs=False)}
     wanted = os.environ.get("UPSLOPE_GPU_ENGINES", ",".join(builders)).split(",")
     out: dict[str, Any] = {"shape": shape, "new_tokens": new}
     for name in [n for n in builders if n in wanted]:
@@ -247,19 +256,25 @@ def profile_update(p: Part, shape: str, size: list[str], overrides: list[str]) -
 
 def part_loop(p: Part) -> None:
     """A few `upslope train` steps with the hf_paged engine on the 0.5B shape: each step's time split and
-    peak GPU memory."""
+    peak GPU memory; the steps that finished are kept when the part runs out of time."""
     shape = p.shapes()[0]
     run = p.work / f"loop-{shape}"
     size = ["rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8", "train.steps=2"] if p.dry else \
-        ["rollout.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=256", "train.steps=3"]
+        ["rollout.prompts_per_step=8", "rollout.n=8", "rollout.max_new_tokens=256", "train.steps=3"]
     args = [sys.executable, "-m", "upslope.cli", "train", f"model.name={p.model(shape)}", "engine.name=hf_paged",
             f"run_dir={run}", "train.eval_before=false", "train.eval_after=false", "log.progress=false",
             "log.tensorboard=false", "log.plot=false", "data.task=gsm8k", *size]
     t = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=_env())
-    result: dict[str, Any] = {"rc": proc.returncode, "seconds": round(time.perf_counter() - t, 1), "args": args[3:]}
-    if proc.returncode:
-        result["stderr_tail"] = proc.stderr[-2500:]
+    log = p.work / "loop.log"
+    with log.open("w") as f:
+        try:
+            rc: int | str = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_env(),
+                                           timeout=p.left()).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result: dict[str, Any] = {"rc": rc, "seconds": round(time.perf_counter() - t, 1), "args": args[3:]}
+    if rc != 0:
+        result["log_tail"] = log.read_text(errors="replace")[-2500:]
     metrics = run / "metrics.jsonl"
     keep = ("time/", "rollout/tokens_per_s", "learner/tokens_per_s", "rollout/engine_on_gpu", "memory/", "mismatch",
             "length/mean")
@@ -338,6 +353,7 @@ def run_part(name: str, a: argparse.Namespace, limit: float) -> dict[str, Any]:
     (work / f"part-{name}.json").unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--part", name, "--out", a.out, "--skeleton", a.skeleton, "--work", a.work]
     cmd += ["--cpu-dry-run"] if a.cpu_dry_run else []
+    cmd += ["--deadline", str(time.time() + limit)]
     t = time.perf_counter()
     log = work / f"part-{name}.log"
     with log.open("w") as f:
@@ -404,6 +420,7 @@ def main() -> int:
     p.add_argument("--limits", default=os.environ.get("UPSLOPE_GPU_LIMITS", ""),
                    help="per-part limits in seconds replacing the defaults, e.g. engine=200,loop=120")
     p.add_argument("--part", help=argparse.SUPPRESS)  # internal: run this one part here
+    p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)  # internal: when the part is stopped
     a = p.parse_args()
     Path(a.work).mkdir(parents=True, exist_ok=True)
     if a.part:

@@ -1,6 +1,6 @@
 """Session fixtures shared by every test suite: the real embedded SmolLM2-135M, its
 tokenizer, a tiny randomly initialised model with the same architecture family and
-tokenizer, and one HF and one vLLM rollout engine on the tiny model.
+tokenizer, and one HF, one continuous-batching and one vLLM rollout engine on the tiny model.
 
 No mocks: these are the real model files, the real tokenizer and the real engines.
 
@@ -67,6 +67,16 @@ def hf_engine(tiny_model_path, tokenizer):
     from upslope.rollout.hf import HFEngine
 
     engine = HFEngine(tiny_model_path, tokenizer, dtype="float32", batch_size=16)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def paged_engine(tiny_model_path, tokenizer):
+    """One continuous-batching engine (transformers' paged attention, fp32) on the tiny model."""
+    from upslope.rollout.paged import PagedEngine
+
+    engine = PagedEngine(tiny_model_path, tokenizer, dtype="float32")
     yield engine
     engine.close()
 

@@ -50,13 +50,23 @@ class EngineConfig(Section):
                                           "1/16 of memory)", gt=0)
     gpu_memory_utilization: float = opt(0.5, "vllm on GPU: fraction of GPU memory for the engine", gt=0, le=1)
     tensor_parallel_size: int = opt(1, "vllm on GPU: GPUs the engine's weights are split over (vLLM's tensor "
-                                       "parallelism; not run on a GPU yet)", ge=1)
+                                       "parallelism); only 1 until the weight sync has run with more", ge=1)
     sleep_mode: bool = opt(True, "vllm on GPU: free the KV cache and offload the weights to the host while the "
                                  "learner trains (vLLM sleep level 1), woken for the weight sync and generation")
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
     seed: int = opt(0, "engine sampling seed (0 <= seed < 2**32)", **SEED_RANGE)
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _one_gpu_engine(cls, size: int) -> int:
+        """The in-place weight sync hands vLLM a generator, which its in-process engine takes; with tensor
+        parallelism vLLM runs a process per GPU and would have to serialise it. Refused until that has run."""
+        if size > 1:
+            raise ValueError(f"{size} GPUs: the in-place weight sync has not run with vLLM's tensor-parallel "
+                             "workers (one process per GPU); only 1 is supported")
+        return size
 
 
 class DataConfig(Section):
@@ -403,13 +413,25 @@ def _resolve_auto(cfg: Config) -> dict[str, Any]:
 
     put("train.precision", d.precision)
     put("model.dtype", weights_dtype(cfg.train.precision, d.on_gpu))
-    hf = (cfg.engine.name if cfg.engine.name != "auto" else d.engine_name) == "hf"
-    # the HF engine is a copy of the policy's weights on a CPU; on a GPU it generates in the precision (bf16)
-    put("engine.dtype", cfg.model.dtype if hf and not d.on_gpu else d.engine_dtype)
+    # an engine that generates with a private copy of the policy (hf, hf_paged) keeps the weights' dtype on a
+    # CPU (its log-probs are then the learner's); on a GPU every engine generates in the precision (bf16)
+    put("engine.dtype", cfg.model.dtype if _copies_policy(cfg.engine.name, d.engine_name) and not d.on_gpu
+        else d.engine_dtype)
     put("train.micro_batch_tokens", d.micro_batch_tokens)
     put("train.logprob_chunk", d.logprob_chunk)
     put("train.grad_checkpointing", d.grad_checkpointing)
     return applied
+
+
+def _copies_policy(name: str, auto_name: str) -> bool:
+    """Whether the engine `name` (auto: `auto_name`) generates with a copy of the policy's weights (its
+    registration says `copies_policy=True`); an unknown name is reported later, with the other names."""
+    from upslope.registry import ENGINES
+
+    try:
+        return bool(ENGINES.get(auto_name if name == "auto" else name).attrs.get("copies_policy"))
+    except ConfigError:
+        return False
 
 
 def _get(cfg: Config, key: str) -> Any:

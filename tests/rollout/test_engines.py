@@ -1,10 +1,13 @@
 """Rollout engines on the tiny model: completions per prompt, finish reasons, sampler
 log-probs (checked against a teacher-forced forward pass), seeding, and in-place weight
-updates (outputs follow the new weights, and come back with the old ones). The vLLM
-engine is the session's shared one (tests/conftest.py), checked against the HF model."""
+updates (outputs follow the new weights, and come back with the old ones). The engines that
+run a private transformers copy of the policy (hf: `generate`; hf_paged: continuous batching)
+pass the same tests; the vLLM engine is the session's shared one (tests/conftest.py), checked
+against the HF model."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,81 +56,88 @@ def check_completions(groups, prompts, params: SamplingParams, tokenizer):
                 assert len(c.token_ids) == params.max_new_tokens
 
 
-# ------------------------------------------------------------------ HF engine
+# ------------------------------------------------------------------ engines over a transformers model
 
 
-def test_hf_sampling_shapes_and_logprobs(hf_engine, prompts, tokenizer):
+@pytest.fixture(params=["hf", "hf_paged"])
+def local_engine(request, hf_engine, paged_engine):
+    """Each engine that generates with a private transformers copy of the policy, in turn."""
+    return {"hf": hf_engine, "hf_paged": paged_engine}[request.param]
+
+
+
+def test_local_sampling_shapes_and_logprobs(local_engine, prompts, tokenizer):
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=1, stop_token_ids=STOP)
-    groups = hf_engine.generate(prompts, params)
+    groups = local_engine.generate(prompts, params)
     check_completions(groups, prompts, params, tokenizer)
     # a random model over a 49k vocabulary: samples differ within a group
     assert len({tuple(c.token_ids) for c in groups[0]}) == 3
 
 
-def test_hf_seeded_sampling_is_reproducible(hf_engine, prompts):
+def test_local_seeded_sampling_is_reproducible(local_engine, prompts):
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=7, stop_token_ids=STOP)
-    a, b = hf_engine.generate(prompts, params), hf_engine.generate(prompts, params)
+    a, b = local_engine.generate(prompts, params), local_engine.generate(prompts, params)
     assert tokens(a) == tokens(b)
     assert [[c.logprobs for c in g] for g in a] == [[c.logprobs for c in g] for g in b]
-    other = hf_engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=8,
+    other = local_engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=8,
                                                        stop_token_ids=STOP))
     assert tokens(other) != tokens(a)
 
 
-def test_hf_greedy_with_n_copies(hf_engine, prompts):
-    groups = hf_engine.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=6, stop_token_ids=STOP))
-    single = hf_engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=6, stop_token_ids=STOP))
+def test_local_greedy_with_n_copies(local_engine, prompts):
+    groups = local_engine.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=6, stop_token_ids=STOP))
+    single = local_engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=6, stop_token_ids=STOP))
     for group, one in zip(groups, single):
         assert [c.token_ids for c in group] == [one[0].token_ids] * 3
         assert all(c.logprobs == pytest.approx(one[0].logprobs, abs=1e-5) for c in group)
 
 
-def test_hf_stop_token_ends_completion(hf_engine, prompts):
+def test_local_stop_token_ends_completion(local_engine, prompts):
     base = SamplingParams(n=1, temperature=1.0, max_new_tokens=12, seed=3, stop_token_ids=STOP)
-    [[full]] = hf_engine.generate(prompts[:1], base)
+    [[full]] = local_engine.generate(prompts[:1], base)
     cut = next(i for i, t in enumerate(full.token_ids) if i >= 3 and t not in full.token_ids[:i])
     stop_at = full.token_ids[cut]
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=12, seed=3, stop_token_ids=[stop_at])
-    [[c]] = hf_engine.generate(prompts[:1], params)
+    [[c]] = local_engine.generate(prompts[:1], params)
     assert c.token_ids == full.token_ids[:cut + 1]  # the stop token is included
     assert c.finish_reason == "stop" and not c.truncated
     assert c.logprobs == pytest.approx(full.logprobs[:cut + 1], abs=1e-5)
 
 
 @pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 1.0)])
-def test_hf_logprobs_match_teacher_forced_forward(hf_engine, prompts, temperature, top_p):
+def test_local_logprobs_match_teacher_forced_forward(local_engine, prompts, temperature, top_p):
     params = SamplingParams(n=2 if temperature else 1, temperature=temperature, top_p=top_p, max_new_tokens=8,
                             seed=5, stop_token_ids=STOP)
-    groups = hf_engine.generate(prompts, params)  # batched with left padding
+    groups = local_engine.generate(prompts, params)  # batched (hf: with left padding)
     for prompt, group in zip(prompts, groups):
         for c in group:
-            ref = teacher_forced_logprobs(hf_engine.model, prompt, c.token_ids, temperature)
+            ref = teacher_forced_logprobs(local_engine.model, prompt, c.token_ids, temperature)
             assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4), (c.logprobs, ref.tolist())
             if temperature == 0:  # greedy picks the argmax of the same forward pass
                 ids = torch.tensor([prompt + c.token_ids])
                 with torch.no_grad():
-                    logits = hf_engine.model(ids).logits[0, len(prompt) - 1:-1]
+                    logits = local_engine.model(ids).logits[0, len(prompt) - 1:-1]
                 assert logits.argmax(-1).tolist() == c.token_ids
 
 
-def test_hf_weight_reload(hf_engine, prompts, tiny_state_dict, restore_weights):
+def test_local_weight_reload(local_engine, prompts, tiny_state_dict, restore_weights):
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8, stop_token_ids=STOP)
-    before = tokens(hf_engine.generate(prompts, greedy))
-    version = hf_engine.version
+    before = tokens(local_engine.generate(prompts, greedy))
+    version = local_engine.version
     new = perturbed(tiny_state_dict, 0.05)
     new["lm_head.weight"] = new["model.embed_tokens.weight"]  # a full state dict names the tied head too
-    with restore_weights(hf_engine):
-        hf_engine.update_weights(new.items())
-        assert hf_engine.version == version + 1
-        changed = tokens(hf_engine.generate(prompts, greedy))
+    with restore_weights(local_engine):
+        local_engine.update_weights(new.items())
+        assert local_engine.version == version + 1
+        changed = tokens(local_engine.generate(prompts, greedy))
         assert changed != before
         # the engine now computes exactly what a fresh model with these weights computes
-        fresh = load_model(hf_engine_path(hf_engine))
+        fresh = load_model(hf_engine_path(local_engine))
         fresh.load_state_dict(new, strict=False)
         ids = torch.tensor([prompts[0]])
         with torch.no_grad():
-            assert torch.equal(hf_engine.model(ids).logits, fresh(ids).logits)
-    assert tokens(hf_engine.generate(prompts, greedy)) == before
+            assert torch.equal(local_engine.model(ids).logits, fresh(ids).logits)
+    assert tokens(local_engine.generate(prompts, greedy)) == before
 
 
 def hf_engine_path(engine) -> str:
@@ -211,3 +221,51 @@ def test_kv_cache_auto_size_is_one_rollout_batch(smollm_path):
     assert kv_cache_gb_for(smollm_path, 8 * 8 * (128 + 8), dtype_bytes=4) == 6 / 16
     assert kv_cache_gb_for(smollm_path, 10) == 1 / 16  # never below 1/16 GiB
     assert kv_cache_gb_for(smollm_path, 10**7) == 1.0  # capped
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf_paged"])
+def test_the_engine_samples_what_the_learner_scores(tiny_model_path, tmp_path, engine):
+    """`upslope train` in fp32: the logged mismatch (mean |sampler - learner|
+    log-prob over the batch, before the update) is float rounding only."""
+    import json
+
+    from upslope.cli import main
+
+    run = tmp_path / "run"
+    toy = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
+    assert main(["train", f"model.name={tiny_model_path}", f"engine.name={engine}", f"run_dir={run}",
+                 "log.progress=false", "log.tensorboard=false", "log.plot=false", "train.eval_before=false",
+                 "train.eval_after=false", "rollout.prompts_per_step=3", "rollout.n=3", "rollout.max_new_tokens=8",
+                 "train.steps=2", "train.threads=1", "train.precision=float32", "model.dtype=float32",
+                 f"reward=[{{name: '{toy}:long_text'}}]"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["mismatch"] < 1e-4 for r in rows), [r["mismatch"] for r in rows]
+
+
+def test_vllm_weight_push_streams_the_tensors(vllm_engine, tiny_state_dict, restore_weights):
+    """The engine converts and hands over the pushed tensors one at a time, as vLLM asks for them: while
+    the push runs, vLLM has already let go of earlier tensors (a list of converted tensors would hold a
+    second copy of the whole model until the push ends). vLLM's layer-wise reload itself keeps a
+    layer's tensors until the layer is complete, so a few tensors may be held at once (2 of 20 seen;
+    19 of 20 with a list). Tensors already in the engine's dtype pass through unconverted, so the
+    use count of each one's storage shows whether anything beside this test still holds it."""
+
+    def uses(t: torch.Tensor) -> int:
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+    given: list[tuple[torch.Tensor, int]] = []  # each pushed tensor and its storage's use count when made
+    most = 0
+
+    def tensors():
+        nonlocal most
+        for name, value in tiny_state_dict.items():
+            most = max(most, sum(uses(t) > base for t, base in given))
+            t = value.to(vllm_engine.dtype).clone()
+            given.append((t, uses(t)))
+            yield name, t
+
+    with restore_weights(vllm_engine):
+        vllm_engine.update_weights(tensors())
+    assert len(given) == len(tiny_state_dict) > 10
+    assert most <= len(given) // 2, f"{most} of {len(given)} pushed tensors held at once"

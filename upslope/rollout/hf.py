@@ -84,7 +84,7 @@ class HFEngine(Engine):
         self.version += 1
 
 
-@ENGINES.register("hf", auto_rank=1)
+@ENGINES.register("hf", auto_rank=1, copies_policy=True)
 def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
     return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,

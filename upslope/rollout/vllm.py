@@ -117,10 +117,13 @@ class VLLMEngine(Engine):
         return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """`reload_weights` redoes vLLM's CPU weight repacking; direct load_weights does not."""
+        """`reload_weights` redoes vLLM's CPU weight repacking; direct load_weights does not. The tensors are
+        converted one at a time as vLLM takes them (a generator, not a list), so a push holds at most one
+        converted tensor beside the engine's weights, never a second copy of the model. The generator is
+        handed over in-process (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
         self._wake("weights")  # the KV cache stays released until the next generation
-        weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        weights = ((n, t.detach().to(self.dtype)) for n, t in named_tensors)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if _cpu_only():
             self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
