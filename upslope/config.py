@@ -299,24 +299,24 @@ class LogConfig(Section):
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
 
 
-LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
 class LoraConfig(Section):
     enabled: bool = opt(False, "train a LoRA adapter (PEFT) instead of every weight; works for every trainer")
     rank: int = opt(16, "adapter rank r (B @ A has rank r)", ge=1)
     alpha: float = opt(32.0, "adapter scale numerator: the weight update is (alpha / rank) * B @ A", gt=0)
     dropout: float = opt(0.0, "dropout on the adapter's input while training (0: off)", ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = opt(
-        LLAMA_PROJECTIONS, "linear layers to adapt, by name (default: attention and MLP projections), or 'all-linear'")
+    target_modules: list[str] | Literal["auto", "all-linear"] = opt(
+        "auto", "linear layers to adapt, by name; auto: the model's attention and MLP projections as its "
+                "architecture names them (every linear layer but the LM head and MoE routers); 'all-linear' "
+                "adds the routers")
 
     @field_validator("target_modules", mode="before")
     @classmethod
     def _targets(cls, v: Any) -> Any:
-        ok = v == "all-linear" or (isinstance(v, list) and v and len(set(v)) == len(v)
+        ok = v in ("auto", "all-linear") or (isinstance(v, list) and v and len(set(v)) == len(v)
                                    and all(isinstance(x, str) and x.strip() for x in v))
         if not ok:
-            raise ValueError("expected a non-empty list of distinct module names, e.g. [q_proj, v_proj], or 'all-linear'")
+            raise ValueError("expected a non-empty list of distinct module names, e.g. [q_proj, v_proj], 'auto' or "
+                             "'all-linear'")
         return v
 
 

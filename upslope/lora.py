@@ -37,17 +37,34 @@ def linear_layers(model: Any) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
 
 
+def routers(model: Any) -> set[str]:
+    """Full names of the MoE routers: a linear layer beside a sibling `experts` module (the gate that
+    picks each token's experts; Qwen-MoE's and OLMoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`)."""
+    found = set()
+    for name, module in model.named_modules():
+        if hasattr(module, "experts"):
+            found.update(f"{name}.{child}" if name else child for child, m in module.named_children()
+                         if isinstance(m, torch.nn.Linear))
+    return found
+
+
 def resolve_targets(model: Any, targets: list[str] | str) -> list[str]:
-    """The short names of the layers to adapt; a name matching no linear layer is a ConfigError
-    listing the names that exist."""
+    """The short names of the layers to adapt (auto: every linear layer but the head and the MoE routers,
+    which is the attention and MLP projections under whatever names the architecture gives them); a
+    name matching no linear layer is a ConfigError listing the names that exist. A MoE model's experts
+    are fused 3-D weights, not linear layers: LoRA adapts their attention (and shared dense MLPs)."""
     layers = linear_layers(model)
     short = sorted({name.rpartition(".")[2] for name in layers})
     if targets == "all-linear":
         return short
+    if targets == "auto":
+        skip = routers(model)
+        return sorted({name.rpartition(".")[2] for name in layers if name not in skip}
+                      - {name.rpartition(".")[2] for name in skip})
     for t in targets:
         if not any(name == t or name.endswith("." + t) for name in layers):
             raise ConfigError(f"lora.target_modules: '{t}' is not a linear layer of this model "
-                              f"(its linear layers: {', '.join(short)}; or 'all-linear')")
+                              f"(its linear layers: {', '.join(short)}; or 'auto' or 'all-linear')")
     return list(targets)
 
 
@@ -64,7 +81,7 @@ def wrap(model: Any, cfg: LoraConfig) -> Any:
 class AdapterOff:
     """The adapted policy seen with its adapter switched off, i.e. the base model: the frozen
     reference for KL or DPO, sharing the policy's weights instead of a second copy. It offers
-    what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`."""
+    what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`, `config`."""
 
     def __init__(self, model: Any):
         from upslope.dist.shard import ENTRY
@@ -87,6 +104,10 @@ class AdapterOff:
 
     def get_output_embeddings(self) -> Any:
         return self.model.get_output_embeddings()
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
 
 
 def _merged(weight: torch.Tensor, layer: Any) -> torch.Tensor:

@@ -11,12 +11,14 @@ from hypothesis import given, settings, strategies as st
 
 from upslope import lora
 from upslope.batch import build_batch
-from upslope.config import LLAMA_PROJECTIONS, LoraConfig, load_config
+from upslope.config import LoraConfig, load_config
 from upslope.errors import ConfigError
 from upslope.models import load_model
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.learner.updater import Updater
 from upslope.train.learner.logprobs import token_logprobs, token_logprobs_shared_prompt
+
+LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +216,7 @@ def test_bad_target_module_is_one_line_naming_the_modules(base):
 
 @pytest.mark.parametrize("override, expected", [
     ("lora.target_modules=[]", "lora.target_modules: expected a non-empty list"),
-    ("lora.target_modules=q_proj", "or 'all-linear' (got 'q_proj')"),
+    ("lora.target_modules=q_proj", "'auto' or 'all-linear' (got 'q_proj')"),
     ("lora.target_modules=[q_proj,q_proj]", "distinct module names"),
     ("lora.rank=0", "lora.rank: Input should be greater than or equal to 1"),
     ("lora.dropout=1.0", "lora.dropout: Input should be less than 1"),

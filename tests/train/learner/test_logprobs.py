@@ -130,13 +130,17 @@ def test_entropy_gradient_matches_full_logits(tiny, shared):
     assert not ent.requires_grad
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 50), st.integers(1, 17), st.sampled_from([1.0, 0.6, 1.5]),
-       st.booleans(), st.integers(0, 10_000))
-def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature, with_bias, seed):
+       st.booleans(), st.integers(0, 10_000), st.sampled_from([1.0, 0.25, 4.0]), st.sampled_from([None, 1.5, 30.0]))
+def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature, with_bias, seed, scale, softcap):
     """The fused head's log-probs, entropy and its gradients wrt hidden states, weight and bias
-    equal those of a full float64 log-softmax, for any chunking and temperature."""
-    from upslope.train.learner.logprobs import _LinearLogprob
+    equal those of a full float64 log-softmax, for any chunking and temperature, and through the
+    families' head transforms: a logit scale (Cohere, Granite) and soft-capping (Gemma 2/3; a cap of
+    1.5 acts on every logit of these random heads)."""
+    from upslope.train.learner.logprobs import HeadTransform, _LinearLogprob
+
+    transform = HeadTransform(scale, softcap)
 
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(rows, 8, generator=gen, dtype=torch.float64)
@@ -152,12 +156,15 @@ def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature,
         return [lp.detach(), ent.detach()] + [x.grad for x in leaves]
 
     def exact(h_, w_, b_=None):
-        logits = (h_ @ w_.t() + (b_ if b_ is not None else 0)) / temperature
+        logits = (h_ @ w_.t() + (b_ if b_ is not None else 0)) * scale
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
         logp = torch.log_softmax(logits, -1)
         return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
     def fused(h_, w_, b_=None):
-        return _LinearLogprob.apply(h_, w_, b_, targets, temperature, chunk)
+        return _LinearLogprob.apply(h_, w_, b_, targets, temperature, chunk, transform)
 
     for ours, ref in zip(grads(fused), grads(exact)):
         torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-10)

@@ -8,10 +8,19 @@ them into the gradient in place; the rest (entropy gradient, gathered ids, top-k
 each chunk under activation checkpointing. Besides the
 log-prob of each token, the head can return log-probs at other given token ids ([N, L, K],
 e.g. a teacher's candidates) and the model's own top-k tokens (distillation).
+
+The head is read from the model, not assumed: its weight and bias, and the transforms some
+families apply to the logits (Gemma 2/3's final soft-capping, Cohere's logit scale, Granite's
+logit scaling). Before a model's first use the fast head is checked once against the model's own
+forward on hidden states large enough for such transforms to act; a model whose head does
+something else is scored through its own full forward instead, with one line saying so.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -33,10 +42,49 @@ class HeadOutput:
     topk_ids: torch.Tensor | None = None  # [N, L, K] ... and their ids
 
 
+@dataclass(frozen=True)
+class HeadTransform:
+    """What a family's LM head does to `h W^T + b` before the softmax: multiply by `scale`, then
+    soft-cap to (-softcap, softcap) as `softcap * tanh(z / softcap)`."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, model: Any) -> "HeadTransform":
+        """The transform `model`'s config declares (Cohere's `logit_scale` multiplies, Granite's
+        `logits_scaling` divides, Gemma's `final_logit_softcapping` caps)."""
+        config = getattr(model, "config", None)
+        if config is None:  # a bare module with a head (no transformers config): the plain linear head
+            return cls()
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        scale = float(getattr(config, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
+        cap = getattr(config, "final_logit_softcapping", None)
+        return cls(scale, float(cap) if cap else None)
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        """The transformed logits (differentiable; `z` is not changed)."""
+        if self.scale != 1.0:
+            z = z * self.scale
+        return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
+
+    def apply_(self, z: torch.Tensor) -> torch.Tensor | None:
+        """Transform `z` in place; returns d(out)/d(in) elementwise when it is not a constant (soft-capping)."""
+        if self.scale != 1.0:
+            z.mul_(self.scale)
+        if not self.softcap:
+            return None
+        z.div_(self.softcap).tanh_()
+        slope = 1 - z.square()
+        z.mul_(self.softcap)
+        return slope.mul_(self.scale)
+
+
 def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
           temperature: float, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
-          top_k: int = 0, top_k_vocab: int | None = None) -> tuple[torch.Tensor, ...]:
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+          top_k: int = 0, top_k_vocab: int | None = None,
+          transform: HeadTransform = HeadTransform()) -> tuple[torch.Tensor, ...]:
+    logits = transform(torch.nn.functional.linear(hidden, weight, bias).float())
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -114,18 +162,19 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 class _LinearLogprob(torch.autograd.Function):
-    """(log p(target), entropy) of each row of `h` under softmax((h W^T + b) / T), chunk by
-    chunk. Saves only h, the targets and each row's log-normaliser; backward recomputes a
+    """(log p(target), entropy) of each row of `h` under softmax(f(h W^T + b) / T), f the head's
+    transform, chunk by chunk. Saves only h, the targets and each row's log-normaliser; backward recomputes a
     chunk's logits, turns them into d logp / d logits = g (onehot - softmax) in place, and
     accumulates dh and dW from it. The entropy is a metric: it gets no gradient."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                temperature: float, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+                temperature: float, chunk_rows: int, transform: HeadTransform) -> tuple[torch.Tensor, torch.Tensor]:
         save_autocast(ctx, h)
         logp, ent, lse = [], [], []
         for s in range(0, h.shape[0], chunk_rows):
             logits = _wide(torch.nn.functional.linear(h[s:s + chunk_rows], weight, bias))
+            transform.apply_(logits)
             if temperature != 1.0:
                 logits.div_(temperature)
             norm = torch.logsumexp(logits, dim=-1)
@@ -134,7 +183,7 @@ class _LinearLogprob(torch.autograd.Function):
             ent.append(-(logits.exp() * logits).sum(-1))
             lse.append(norm)
         ctx.save_for_backward(h, weight, bias, targets, torch.cat(lse))
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.temperature, ctx.chunk_rows, ctx.transform = temperature, chunk_rows, transform
         entropy = torch.cat(ent)
         ctx.mark_non_differentiable(entropy)
         return torch.cat(logp), entropy
@@ -147,7 +196,7 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def _backward(ctx: Any, g_logp: torch.Tensor) -> tuple[Any, ...]:
         h, weight, bias, targets, lse = ctx.saved_tensors
-        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
+        temperature, chunk_rows, transform = ctx.temperature, ctx.chunk_rows, ctx.transform
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dh = torch.empty_like(h) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)
@@ -158,6 +207,7 @@ class _LinearLogprob(torch.autograd.Function):
         for s in range(0, h.shape[0], chunk_rows):
             hc, g = h[s:s + chunk_rows].to(dtype), _wide(g_logp[s:s + chunk_rows])
             logits = _wide(torch.nn.functional.linear(hc, w_low, bias))
+            slope = transform.apply_(logits)
             if temperature != 1.0:
                 logits.div_(temperature)
             grad = logits.sub_(lse[s:s + chunk_rows].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # -g * softmax
@@ -165,6 +215,10 @@ class _LinearLogprob(torch.autograd.Function):
             grad[rows, targets[s:s + chunk_rows]] += g  # + g * onehot
             if temperature != 1.0:
                 grad.div_(temperature)
+            if slope is not None:  # back through the soft-cap (and the scale before it)
+                grad.mul_(slope)
+            elif transform.scale != 1.0:
+                grad.mul_(transform.scale)
             low = grad.to(dtype)
             if dh is not None:
                 dh[s:s + chunk_rows] = low @ w_low
@@ -173,7 +227,7 @@ class _LinearLogprob(torch.autograd.Function):
                 dw = part if dw is None else dw.add_(part)
             if db is not None:
                 db.add_(grad.sum(0))
-        return dh, dw, db.to(bias.dtype) if db is not None else None, None, None, None  # (h has >= 1 row)
+        return dh, dw, db.to(bias.dtype) if db is not None else None, None, None, None, None  # (h has >= 1 row)
 
 
 def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int, temperature: float,
@@ -181,15 +235,16 @@ def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows
                   top_k_vocab: int | None = None) -> tuple[torch.Tensor | None, ...]:
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
+    transform = HeadTransform.of(model)
     grad = torch.is_grad_enabled() and (weight.requires_grad or h.requires_grad)
     if grad and not entropy_grad and gather_ids is None and not top_k and h.shape[0]:
-        logp, entropy = _LinearLogprob.apply(h, weight, bias, targets, temperature, chunk_rows)
+        logp, entropy = _LinearLogprob.apply(h, weight, bias, targets, temperature, chunk_rows, transform)
         return logp, entropy, None, None, None
     parts: list[tuple[torch.Tensor | None, ...]] = []
     for s in range(0, h.shape[0], chunk_rows):
         g = gather_ids[s:s + chunk_rows] if gather_ids is not None else None
         args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature, entropy_grad, g, top_k,
-                top_k_vocab)
+                top_k_vocab, transform)
         parts.append(checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args))
     if not parts:
         k = gather_ids.shape[1] if gather_ids is not None else 0

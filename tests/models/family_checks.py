@@ -1,0 +1,105 @@
+"""The checks of the family matrix, as functions returning the largest absolute difference found (the
+tests assert bounds on them; tests/models/conftest.py can write them as docs/models.md's table).
+
+A batch of two groups of two samples: prompts of 20 and 14 tokens, completions of different lengths
+(right-padded), 40 tokens in all, so that 16-token sliding windows act, the shared-prompt path runs
+left-padded prompts, and each row is compared with the model's own plain forward over that row alone."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from upslope.train.learner.logprobs import token_scores
+
+PROMPTS, LENGTHS, GROUPS = (20, 20, 14, 14), (40, 31, 36, 22), (0, 0, 1, 1)
+
+
+def batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n, width = len(PROMPTS), max(LENGTHS)
+    ids = torch.randint(3, min(vocab, 30_000), (n, width), generator=gen)
+    for row in (1, 3):  # the second sample of each group repeats the first one's prompt
+        ids[row, :PROMPTS[row]] = ids[row - 1, :PROMPTS[row]]
+    lengths, prompts = torch.tensor(LENGTHS), torch.tensor(PROMPTS)
+    cols = torch.arange(width)[None]
+    attention = (cols < lengths[:, None]).long()
+    return {"input_ids": ids * attention, "attention_mask": attention, "prompt_lens": prompts, "seq_lens": lengths,
+            "target_mask": ((cols >= prompts[:, None]) & (attention > 0)).long(), "group_ids": torch.tensor(GROUPS)}
+
+
+def plain_scores(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob and entropy of every target token from the model's own forward, one unpadded row at a time."""
+    lp, ent = torch.zeros(b["input_ids"].shape), torch.zeros(b["input_ids"].shape)
+    for i, length in enumerate(b["seq_lens"].tolist()):
+        logits = model(input_ids=b["input_ids"][i:i + 1, :length]).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)
+        lp[i, 1:length] = logp.gather(-1, b["input_ids"][i, 1:length, None])[:, 0]
+        ent[i, 1:length] = -(logp.exp() * logp).sum(-1)
+    mask = b["target_mask"].float()
+    return lp * mask, ent * mask
+
+
+MODES = {"rows": {}, "shared prompt": {"shared": True}, "checkpointed layers": {"checkpoint_layers": True},
+         "entropy gradient": {"entropy_grad": True}}
+
+
+def learner_scores(model: Any, b: dict[str, torch.Tensor], mode: str) -> Any:
+    opts = dict(MODES[mode])
+    shared = (b["prompt_lens"], b["seq_lens"], b["group_ids"]) if opts.pop("shared", False) else None
+    return token_scores(model, b["input_ids"], b["attention_mask"], b["target_mask"], shared=shared, chunk_rows=7,
+                        **opts)
+
+
+def forward_difference(model: Any, mode: str) -> tuple[float, float]:
+    """max |learner - plain forward| of the log-probs and of the entropies, in `mode`."""
+    b = batch(model.config.vocab_size)
+    with torch.no_grad():
+        ref_lp, ref_ent = plain_scores(model, b)
+        out = learner_scores(model, b, mode)
+    return float((out.logprobs - ref_lp).abs().max()), float((out.entropy - ref_ent).abs().max())
+
+
+def gradient_difference(model: Any, mode: str) -> float:
+    """max over parameters of |learner grad - plain autograd grad| / max |plain grad| for the loss
+    sum(w * log-prob) with fixed random token weights w."""
+    b = batch(model.config.vocab_size, seed=1)
+    weights = torch.randn(b["input_ids"].shape, generator=torch.Generator().manual_seed(2))
+    model.zero_grad()
+    ref_lp, _ = plain_scores(model, b)
+    (ref_lp * weights).sum().backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    (learner_scores(model, b, mode).logprobs * weights).sum().backward()
+    worst = 0.0
+    for name, p in model.named_parameters():
+        if name in ref:
+            worst = max(worst, float((p.grad - ref[name]).abs().max() / ref[name].abs().max().clamp(min=1e-30)))
+    model.zero_grad()
+    return worst
+
+
+def engine_difference(engine: Any, policy: Any, prompts: list[list[int]], seed: int = 0) -> float:
+    """max |sampler log-prob - learner log-prob| over the tokens `engine` samples (n = 2, 12 tokens) from
+    `prompts`, the learner scoring them with `policy` at the sampling temperature."""
+    from upslope.rollout.base import SamplingParams
+
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=seed))
+    worst = 0.0
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            target = torch.zeros_like(ids)
+            target[0, len(prompt):] = 1
+            with torch.no_grad():
+                lp = token_scores(policy, ids, torch.ones_like(ids), target).logprobs[0, len(prompt):]
+            worst = max(worst, float((lp - torch.tensor(c.logprobs)).abs().max()))
+    return worst
+
+
+def large_update(model: Any, seed: int = 3, scale: float = 0.05) -> None:
+    """Move every weight by scale x its own RMS in a random direction (every tensor changes)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.float().pow(2).mean().sqrt().clamp(min=1e-3))

@@ -1,0 +1,36 @@
+"""One family's vLLM check in a process of its own (vLLM hosts one engine per process):
+
+    python vllm_family_worker.py MODEL_DIR RESULT.json
+
+The sampler's log-probs against the learner's on the same tokens, before and after a large update of
+every weight pushed into the engine. RESULT: {"before": float, "after": float}."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(model_dir: str, result_path: str) -> None:
+    from family_checks import engine_difference, large_update
+
+    from upslope.models import load_model, load_tokenizer
+    from upslope.rollout.vllm import VLLMEngine
+
+    tokenizer = load_tokenizer(model_dir)
+    policy = load_model(model_dir, "float32").eval()
+    engine = VLLMEngine(model_dir, tokenizer, dtype="float32", enforce_eager=True, kv_cache_gb=0.25, max_num_seqs=16,
+                        max_model_len=256, seed=0)
+    prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
+    before = engine_difference(engine, policy, prompts)
+    large_update(policy)
+    engine.update_weights(policy.named_parameters())
+    after = engine_difference(engine, policy, prompts, seed=1)
+    engine.close()
+    Path(result_path).write_text(json.dumps({"before": before, "after": after}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
