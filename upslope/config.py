@@ -244,9 +244,16 @@ class AgentConfig(Section):
         return tools
 
 
+# what an evaluation source takes from the training source unless eval.data sets it: how records read
+INHERITED_DATA_FIELDS = ("prompt_field", "messages_field", "answer_field", "system_prompt", "template")
+
+
 class EvalConfig(Section):
-    data: DataConfig | None = opt(None, "held-out prompts (default: the training task's test split, 200 problems; "
-                                        "a single training file has none, so the file itself, with a warning)")
+    data: DataConfig | None = opt(None, "held-out prompts: a data section, or just a file path (eval.data=test.jsonl); "
+                                        "the field mapping it leaves unset (prompt_field, messages_field, "
+                                        "answer_field, system_prompt, template) is the training data's (default: "
+                                        "the training task's test split, 200 problems; a single training file has "
+                                        "none, so the file itself, with a warning)")
     n: int = opt(1, "samples per prompt", ge=1)
     temperature: float = opt(0.0, "0 means greedy", ge=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
@@ -260,6 +267,12 @@ class EvalConfig(Section):
                                             "selective_risk and aurc (answers ranked by mean token log-prob, "
                                             "abstentions last)")
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _path_alone(cls, data: Any) -> Any:
+        """`eval.data=test.jsonl`: a path alone is the data section's `path`."""
+        return {"path": data} if isinstance(data, str) else data
 
     @field_validator("confidence_pattern", "abstain_pattern")
     @classmethod
@@ -356,6 +369,7 @@ class Config(Section):
             self.rollout.max_new_tokens = task_generation_length(self.data)
         self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
         self._bound_stale_samples()
+        self._inherit_eval_mapping()
         if self.train.precision == "float32" and self.model.dtype != "float32":
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
@@ -369,6 +383,17 @@ class Config(Section):
             self.algo.old_policy = "sampler" if stale and self.pipeline.stale_correction == "clip" else "learner"
         if stale and self.pipeline.stale_correction == "token" and self.algo.correction is None:
             self.algo.correction = CorrectionConfig(level="token", cap=2.0)
+
+    def _inherit_eval_mapping(self) -> None:
+        """eval.data reads its records as the training data does (INHERITED_DATA_FIELDS) unless it says
+        otherwise: a chat file trained with data.messages_field is evaluated through its chats too. The
+        fields taken count as set, so the saved config (and a config loaded from it) keeps them."""
+        ev = self.eval.data
+        if ev is None:
+            return
+        taken = {k: getattr(self.data, k) for k in INHERITED_DATA_FIELDS if k not in ev.model_fields_set}
+        if taken:
+            self.eval.data = ev.model_copy(update=taken)
 
     def __eq__(self, other: object) -> bool:
         """Equal options are equal configs, however they were reached (`auto` or written out)."""

@@ -35,6 +35,11 @@ def eval_data_config(cfg: Config) -> DataConfig:
     return cfg.data.model_copy(update={"split": split, "limit": None})
 
 
+def load_eval_examples(cfg: Config) -> list[Example]:
+    """The held-out examples (eval_data_config); errors name eval.data's options when it is set."""
+    return load_examples(eval_data_config(cfg), "test", "eval.data" if cfg.eval.data is not None else "data")
+
+
 def answer_key(completion: str, spec: RewardSpec | None) -> str | None:
     """What a sample 'answers', for majority voting, in the way its reward reads it."""
     if spec is not None and spec.name == "integer":
@@ -55,7 +60,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     ev = cfg.eval
     data_cfg = eval_data_config(cfg)
     if examples is None:
-        examples = load_examples(data_cfg, default_split="test")
+        examples = load_eval_examples(cfg)
     if ev.limit:
         examples = list(examples)[: ev.limit]
     bad_k = [k for k in ev.k if k > ev.n or k < 1]
