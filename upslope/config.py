@@ -75,6 +75,9 @@ class DataConfig(Section):
                           registry="sampler")
 
 
+DEFAULT_PROMPT_TOKENS = 512  # rollout.max_prompt_tokens when unset (less when the model's context is short)
+
+
 class RolloutConfig(Section):
     kind: str = opt("single_turn", "rollout plugin that turns prompts into completions (registry: rollout)")
     options: dict[str, Any] = opt({}, "options of the rollout plugin named by kind (e.g. espo's margin)")
@@ -85,7 +88,9 @@ class RolloutConfig(Section):
     top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
     max_new_tokens: int | None = opt(None, "most tokens generated per completion (default: the task's, "
                                               "e.g. arith 8, gsm8k 256, math500 512; 256 for data files)", ge=1)
-    max_prompt_tokens: int = opt(512, "longer prompts are an error (or dropped with drop_long_prompts)", ge=1)
+    max_prompt_tokens: int | None = opt(None, "longest prompt in tokens; longer prompts are an error (or dropped "
+                                              "with drop_long_prompts) (default: 512, or what the model's context "
+                                              "leaves beside the reply length when that is less)", ge=1)
     drop_long_prompts: bool = opt(False, "drop prompts over max_prompt_tokens instead of failing")
     max_resample_rounds: int = opt(4, "filters: most extra rollout rounds to refill a filtered batch", ge=0)
 
@@ -353,6 +358,7 @@ class Config(Section):
     pipeline: PipelineConfig = opt_factory(PipelineConfig, "asynchronous rollout -> learner pipeline (staleness, "
                                                            "partial groups, streaming)")
     _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
+    _prompt_budget_set: bool = PrivateAttr(default=True)  # rollout.max_prompt_tokens given, not defaulted
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -367,6 +373,9 @@ class Config(Section):
     def _task_defaults(self) -> "Config":
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
+        if self.rollout.max_prompt_tokens is None:  # fitted to the model's context once it is known
+            self.rollout.max_prompt_tokens = DEFAULT_PROMPT_TOKENS
+            self._prompt_budget_set = False
         self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
         self._bound_stale_samples()
         self._inherit_eval_mapping()
@@ -400,6 +409,11 @@ class Config(Section):
         return type(other) is type(self) and self.__dict__ == other.__dict__
 
     __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def prompt_budget_is_default(self) -> bool:
+        """rollout.max_prompt_tokens was left unset (so it may be fitted to a shorter model context)."""
+        return not self._prompt_budget_set
 
     def auto_choices(self) -> dict[str, Any]:
         """{dotted key: value} for each option this config left at `auto` and the machine decided."""
@@ -450,6 +464,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     `a.b.c=value` overrides; validate into a Config."""
     defaults = Config().model_dump(mode="json")
     defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
+    defaults["rollout"]["max_prompt_tokens"] = None  # 512, or fitted to the model's context at run time
     defaults["algo"]["old_policy"] = "auto"  # derived from the pipeline after merging (_bound_stale_samples)
     for key in AUTO_KEYS:  # decided from the hardware after merging (explicit values win)
         section, name = key.split(".")
@@ -517,6 +532,15 @@ def check_plugin_names(section: BaseModel, source: str = "config", prefix: str =
             near = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise ConfigError(f"{source}: {where}: unknown {kind} '{name}'{hint}; known: {', '.join(sorted(known))}")
+
+
+def eval_generation_length(cfg: Config) -> int:
+    """The reply length of evaluation: eval.max_new_tokens, else eval.data's task's (when eval.data is
+    set), else rollout.max_new_tokens."""
+    ev = cfg.eval
+    if ev.max_new_tokens:
+        return ev.max_new_tokens
+    return task_generation_length(ev.data) if ev.data is not None else int(cfg.rollout.max_new_tokens or 0)
 
 
 def task_generation_length(data: DataConfig, fallback: int = 256) -> int:

@@ -8,7 +8,7 @@ from statistics import mean
 from typing import Any, Sequence
 
 from upslope.batch import Batch, concat
-from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
+from upslope.config import Config, DataConfig, RewardSpec, eval_generation_length
 from upslope.data import is_single_file, load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
@@ -70,8 +70,8 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                                       use_chat_template=cfg.model.use_chat_template,
                                       max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                                       drop_long=cfg.rollout.drop_long_prompts,
-                                      max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens,
-                                      new_tokens_option="eval.max_new_tokens" if ev.max_new_tokens
+                                      max_new_tokens=eval_generation_length(cfg),
+                                      new_tokens_option="eval.max_new_tokens" if ev.max_new_tokens or ev.data
                                       else "rollout.max_new_tokens")
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
@@ -83,8 +83,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
         name, opts = task_default_reward(data_cfg)  # type: ignore[misc]
         specs = [RewardSpec(name=name, options=opts)]
     params = SamplingParams(n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
-                            max_new_tokens=ev.max_new_tokens or (task_generation_length(data_cfg) if ev.data
-                                                                 else cfg.rollout.max_new_tokens),
+                            max_new_tokens=eval_generation_length(cfg),
                             seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")
