@@ -92,8 +92,10 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
 
     check_gguf(gguf)
     check_gguf_header(gguf)
+    from upslope.logs.quiet import GGUF_CONVERT_NOISE, filtered_stderr
+
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
-    with atomic_directory(target, prefix=".convert-", replace=True) as tmp:  # our own cache entry
+    with atomic_directory(target, prefix=".convert-", replace=True) as tmp, filtered_stderr(GGUF_CONVERT_NOISE):
         try:
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)

@@ -42,6 +42,9 @@ def configure_vllm_env() -> None:
     multiprocess executor): the engine runs on torch's thread pool, which `fit_threads` sizes to
     the free cores before each generation. The binding variables matter only if a user turns
     multiprocessing back on: then bind to the cores this process may use and reserve none."""
+    from upslope.logs import quiet
+
+    quiet.install()  # before vLLM's first import, which logs and warns the noise it filters
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
@@ -69,7 +72,7 @@ class VLLMEngine(Engine):
         kwargs: dict[str, Any] = dict(
             model=model_path, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
+            enable_prefix_caching=True, use_tqdm_on_load=False,  # no third-party bar in upslope's output
         )
         on_gpu = not _cpu_only()
         self.device = "cuda" if on_gpu else "cpu"
@@ -81,8 +84,11 @@ class VLLMEngine(Engine):
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         threads = torch.get_num_threads()
+        from upslope.logs.quiet import VLLM_START_NOISE, filtered_stderr
+
         try:
-            self.llm = LLM(**kwargs)
+            with filtered_stderr(VLLM_START_NOISE):
+                self.llm = LLM(**kwargs)
         finally:
             torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
