@@ -255,8 +255,7 @@ _data_case("data_template_bad_format", ["data.template"], lambda w: w.jsonl("t2.
 _data_case("data_prompt_too_long", lambda w: [f"{w.tmp / 'long.jsonl'}:2", "rollout.max_prompt_tokens"],
            lambda w: w.jsonl("long.jsonl", [ROW, {"prompt": "word " * 600, "answer": 1}]))
 _data_case("data_prompt_over_context", lambda w: [f"{w.tmp / 'ctx.jsonl'}:1", "context"],
-           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]),
-           "rollout.max_prompt_tokens=20000", "reward=[{name: integer}]")
+           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]), "reward=[{name: integer}]")
 _data_case("eval_data_missing", ["/no/eval.jsonl"], lambda w: "/no/eval.jsonl", key="eval.data.path", command="eval")
 _data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")],
            lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
