@@ -255,12 +255,17 @@ _data_case("data_template_bad_format", ["data.template"], lambda w: w.jsonl("t2.
 _data_case("data_prompt_too_long", lambda w: [f"{w.tmp / 'long.jsonl'}:2", "rollout.max_prompt_tokens"],
            lambda w: w.jsonl("long.jsonl", [ROW, {"prompt": "word " * 600, "answer": 1}]))
 _data_case("data_prompt_over_context", lambda w: [f"{w.tmp / 'ctx.jsonl'}:1", "context"],
-           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]),
-           "rollout.max_prompt_tokens=20000", "reward=[{name: integer}]")
+           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]), "reward=[{name: integer}]")
 _data_case("eval_data_missing", ["/no/eval.jsonl"], lambda w: "/no/eval.jsonl", key="eval.data.path", command="eval")
 _data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")],
            lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
            key="eval.data.path", command="eval")
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+_data_case("data_prompt_is_chat", lambda w: [f"{w.tmp / 'chat.jsonl'}:1", "got a list (chat messages?)",
+                                             "set data.messages_field=prompt"],
+           lambda w: w.jsonl("chat.jsonl", [{"prompt": CHAT, "answer": 4}]))
+_data_case("eval_data_path_alone_is_chat", lambda w: [f"{w.tmp / 'evchat.jsonl'}:1", "set eval.data.messages_field=prompt"],
+           lambda w: w.jsonl("evchat.jsonl", [{"prompt": CHAT, "answer": 4}]), key="eval.data", command="eval")
 _data_case("sft_missing_messages", lambda w: [f"{w.tmp / 'sft.jsonl'}:1", "messages"],
            lambda w: w.jsonl("sft.jsonl", [{"text": "hi"}]), "data.messages_field=messages", command="sft")
 _data_case("sft_binary", lambda w: [str(w.tmp / "sft.bin.jsonl")],

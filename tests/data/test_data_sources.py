@@ -144,6 +144,17 @@ def test_non_text_prompt_is_an_error(tmp_path):
         records_to_examples(read_records(path))
 
 
+def test_chat_in_the_prompt_field_names_messages_field(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user", "content": "Hi"}], "answer": 1}])
+    msg = ":1: field 'prompt' must be text, got a list (chat messages?): set data.messages_field=prompt"
+    with pytest.raises(DataError, match=re.escape(msg)):
+        records_to_examples(read_records(path))
+    with pytest.raises(DataError, match=re.escape("set eval.data.messages_field=prompt")):
+        records_to_examples(read_records(path), option_prefix="eval.data")
+    [ex] = records_to_examples(read_records(path), messages_field="prompt")
+    assert ex.prompt == [{"role": "user", "content": "Hi"}]
+
+
 def test_field_mapping_and_template(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"q": "Add 2 and 3.", "sol": "5", "unit": "apples"}])
     [ex] = records_to_examples(read_records(path), prompt_field="q", answer_field="sol",

@@ -18,31 +18,33 @@ def is_single_file(cfg: DataConfig) -> bool:
     return bool(cfg.path) and Path(cfg.path).expanduser().is_file()
 
 
-def load_examples(cfg: DataConfig, default_split: str = "train") -> list[Example]:
-    """The Examples a data config names: a file/directory at `path`, else a built-in task."""
+def load_examples(cfg: DataConfig, default_split: str = "train", option_prefix: str = "data") -> list[Example]:
+    """The Examples a data config names: a file/directory at `path`, else a built-in task. Errors name
+    the options under `option_prefix`, the section `cfg` came from (data, or eval.data)."""
+    o = option_prefix
     if cfg.path:
         if cfg.split and is_single_file(cfg):
-            raise ConfigError(f"data.split={cfg.split!r}: {cfg.path} is one file, with no splits (data.split "
-                              f"picks a split of a dataset directory; point data.path at the split's file instead)")
+            raise ConfigError(f"{o}.split={cfg.split!r}: {cfg.path} is one file, with no splits ({o}.split "
+                              f"picks a split of a dataset directory; point {o}.path at the split's file instead)")
         examples = records_to_examples(read_records(cfg.path, cfg.split), cfg.prompt_field, cfg.messages_field,
-                                       cfg.answer_field, cfg.template, cfg.limit)
+                                       cfg.answer_field, cfg.template, cfg.limit, option_prefix=o)
     else:
         options: dict[str, Any] = dict(cfg.options)
-        entry = TASKS.get(cfg.task, "data.task")
+        entry = TASKS.get(cfg.task, f"{o}.task")
         if "split" in entry.options() and "split" not in options:
             options["split"] = cfg.split or default_split
         elif cfg.split and "split" not in entry.options():
-            raise ConfigError(f"data.split={cfg.split!r}: task '{cfg.task}' has no splits")
-        fn = TASKS.bind(cfg.task, options, where="data.options")
+            raise ConfigError(f"{o}.split={cfg.split!r}: task '{cfg.task}' has no splits")
+        fn = TASKS.bind(cfg.task, options, where=f"{o}.options")
         examples = fn()
         if cfg.template != "{prompt}":
             for ex in examples:
                 if isinstance(ex.prompt, str):  # a built-in task's records have only the prompt
-                    ex.prompt = apply_template(cfg.template, ex.prompt, {}, f"task {cfg.task}")
+                    ex.prompt = apply_template(cfg.template, ex.prompt, {}, f"task {cfg.task}", f"{o}.template")
         if cfg.limit:
             examples = examples[: cfg.limit]
     if not examples:
-        raise DataError(f"data: no examples loaded from {cfg.path or 'task ' + cfg.task}")
+        raise DataError(f"{o}: no examples loaded from {cfg.path or 'task ' + cfg.task}")
     return examples
 
 

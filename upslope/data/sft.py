@@ -52,7 +52,8 @@ def load_conversations(data: DataConfig, response_field: str) -> list[Conversati
             prompt: Any = require_messages(rec, data.messages_field, where)
         else:
             text = require_text(rec, data.prompt_field, where, "data.prompt_field",
-                         " (chat rows: set data.messages_field, e.g. data.messages_field=messages)")
+                         " (chat rows: set data.messages_field, e.g. data.messages_field=messages)",
+                         messages_option="data.messages_field")
             reply = require_text(rec, response_field, where, "sft.response_field")
             prompt = [{"role": "user", "content": apply_template(data.template, text, rec, where)},
                       {"role": "assistant", "content": reply}]

@@ -153,9 +153,14 @@ def require_field(rec: dict[str, Any], name: str, where: str, option: str, hint:
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
 
 
-def require_text(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "") -> str:
-    """rec[name] as non-empty text, or one DataError line naming the file/line and the field."""
+def require_text(rec: dict[str, Any], name: str, where: str, option: str, hint: str = "",
+                 messages_option: str | None = None) -> str:
+    """rec[name] as non-empty text, or one DataError line naming the file/line and the field; a list
+    there (most likely a chat) names `messages_option`, the option that reads chat messages."""
     value = require_field(rec, name, where, option, hint)
+    if isinstance(value, list) and messages_option:
+        raise DataError(f"{where}: field '{name}' must be text, got a list (chat messages?): "
+                        f"set {messages_option}={name}")
     if not isinstance(value, str):
         raise DataError(f"{where}: field '{name}' must be text, got {type(value).__name__}")
     if not value.strip():
@@ -163,10 +168,11 @@ def require_text(rec: dict[str, Any], name: str, where: str, option: str, hint: 
     return value
 
 
-def require_messages(rec: dict[str, Any], name: str, where: str) -> list[dict[str, Any]]:
+def require_messages(rec: dict[str, Any], name: str, where: str,
+                     option: str = "data.messages_field") -> list[dict[str, Any]]:
     """rec[name] as a chat: a non-empty list of {role, content} with a known role and text content
     (null content only beside tool_calls), not all of it blank; one DataError line otherwise."""
-    msgs = require_field(rec, name, where, "data.messages_field")
+    msgs = require_field(rec, name, where, option)
     if not isinstance(msgs, list) or not msgs:
         raise DataError(f"{where}: field '{name}' must be a non-empty list of {{role, content}} messages")
     for i, m in enumerate(msgs, 1):
@@ -190,21 +196,25 @@ def records_to_examples(
     answer_field: str | None = "answer",
     template: str = "{prompt}",
     limit: int | None = None,
+    option_prefix: str = "data",
 ) -> list[Example]:
-    """Map raw records to Examples; every other field rides along in `meta`."""
+    """Map raw records to Examples; every other field rides along in `meta`. Errors name the options
+    under `option_prefix` (the config section the mapping came from: data or eval.data)."""
     out: list[Example] = []
     for where, rec in records:
         if limit is not None and len(out) >= limit:
             break
         if messages_field:
-            msgs = require_messages(rec, messages_field, where)
+            msgs = require_messages(rec, messages_field, where, f"{option_prefix}.messages_field")
             prompt: Any = msgs[:-1] if msgs[-1]["role"] == "assistant" and len(msgs) > 1 else msgs
         else:
-            prompt = apply_template(template, require_text(rec, prompt_field, where, "data.prompt_field"), rec, where)
+            text = require_text(rec, prompt_field, where, f"{option_prefix}.prompt_field",
+                                messages_option=f"{option_prefix}.messages_field")
+            prompt = apply_template(template, text, rec, where, f"{option_prefix}.template")
         answer = None
         if answer_field:
-            answer = require_field(rec, answer_field, where, "data.answer_field",
-                                   "; set data.answer_field=null for prompts without answers")
+            answer = require_field(rec, answer_field, where, f"{option_prefix}.answer_field",
+                                   f"; set {option_prefix}.answer_field=null for prompts without answers")
         meta = {k: v for k, v in rec.items() if k not in (prompt_field, messages_field)}
         meta["source"] = where
         out.append(Example(prompt=prompt, answer=answer, meta=meta, id=str(rec.get("id", len(out)))))

@@ -21,7 +21,7 @@ from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.errors import ConfigError
 from upslope.dist import group
-from upslope.eval.runner import eval_data_config, evaluate
+from upslope.eval.runner import evaluate, load_eval_examples
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics
@@ -78,7 +78,7 @@ class BaseTrainer:
         self.runtime = Runtime.create(cfg, announce=self.report.note)
         self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
-        self.eval_examples = load_examples(eval_data_config(cfg), "test")
+        self.eval_examples = load_eval_examples(cfg)
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
