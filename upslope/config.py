@@ -62,11 +62,17 @@ class EngineConfig(Section):
 class DataConfig(Section):
     task: str = opt("arith", "built-in task (arith, gsm8k, math500, humaneval, ...) used when `path` is empty")
     options: dict[str, Any] = opt({}, "options of the task (e.g. ops, digits, count, seed for arith)")
-    path: str | None = opt(None, "JSONL / Parquet file or HF dataset directory instead of a built-in task")
-    split: str | None = opt(None, "split of an HF dataset directory")
-    prompt_field: str = opt("prompt", "field holding the prompt text")
+    path: str | None = opt(None, "JSONL / JSON / CSV / Parquet file, dataset directory (saved, or data files "
+                                 "named by split) or Hugging Face Hub id, instead of a built-in task")
+    split: str | None = opt(None, "split of a dataset directory, Hub dataset or task (default: train for "
+                                  "training, test for evaluation where the source has one)")
+    subset: str | None = opt(None, "configuration (subset) of a Hugging Face Hub dataset, e.g. 'main' for gsm8k")
+    prompt_field: str = opt("prompt", "field holding the prompt text (left at prompt: detected from the "
+                                      "columns, e.g. TRL's conversational prompt, messages, question)")
     messages_field: str | None = opt(None, "field holding chat messages instead of prompt text")
-    answer_field: str | None = opt("answer", "field holding the reference answer")
+    answer_field: str | None = opt("answer", "field holding the reference answer; a dotted path reads nested "
+                                             "fields (left at answer: detected, e.g. reward_model.ground_truth, "
+                                             "solution)")
     system_prompt: str | None = opt(None, "system message prepended to every prompt")
     template: str = opt("{prompt}", "instruction template; {prompt} is replaced by the prompt text")
     limit: int | None = opt(None, "use only the first N examples", ge=1)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from upslope.batch import Batch, concat
 from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
-from upslope.data import is_single_file, load_examples
+from upslope.data import has_split, load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.errors import ConfigError
@@ -31,7 +31,7 @@ def eval_data_config(cfg: Config) -> DataConfig:
     """The held-out data: eval.data, or the training source's test split."""
     if cfg.eval.data is not None:
         return cfg.eval.data
-    split = cfg.data.split if is_single_file(cfg.data) else "test"  # a single file has no splits
+    split = "test" if has_split(cfg.data, "test") else cfg.data.split  # else the training data (reported)
     return cfg.data.model_copy(update={"split": split, "limit": None})
 
 

@@ -15,7 +15,7 @@ import torch
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config, dump
-from upslope.data import is_single_file, load_examples
+from upslope.data import is_single_file, load_examples, overlap
 from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
@@ -82,6 +82,9 @@ class BaseTrainer:
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
+        held_out = self.eval_examples[: cfg.eval.limit] if cfg.eval.limit else self.eval_examples
+        shared = overlap([e for e in getattr(self, "examples", []) if isinstance(e, Example)], held_out)
+        self.eval_overlap = (shared, len(held_out)) if shared else None  # reported once the run starts
         self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
@@ -267,6 +270,12 @@ class BaseTrainer:
         if cfg.eval.data is None and is_single_file(cfg.data):  # warned here, after every check
             self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
+        elif self.eval_overlap:
+            n, total = self.eval_overlap
+            share = f"all {total}" if n == total else f"{n} of {total}"
+            self.report.warn(f"evaluation: {share} held-out prompts are also training prompts (same prompt and "
+                             f"answer), so the held-out accuracy is {'' if n == total else 'partly '}measured on "
+                             f"training data; set eval.data to a disjoint set")
         if self.start_step and self.uses_engine:
             self.sync_weights()
         results: dict[str, Any] = {}
@@ -320,7 +329,10 @@ class BaseTrainer:
             return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
                            show_progress=self.cfg.log.progress)
-        self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        metrics = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        if self.eval_overlap:  # the share of the held-out prompts that are training prompts, beside the accuracy
+            metrics["eval/train_overlap"] = self.eval_overlap[0] / self.eval_overlap[1]
+        self.logger.log(step, metrics)
         self.report.result(f"eval @ step {step}: accuracy {summary['accuracy']:.3f} "
                            f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
         return summary
