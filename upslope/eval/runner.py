@@ -18,7 +18,7 @@ from upslope.eval.calibration import calibration_summary, selective_summary
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers, status_counts
+from upslope.rewards import build_reward_fns, check_rewards, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
@@ -71,7 +71,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
     reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())
-    check_answers(reward_fns, examples)
+    check_rewards(reward_fns, examples)
     if not specs:
         from upslope.data import task_default_reward
 

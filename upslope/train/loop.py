@@ -26,7 +26,7 @@ from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers
+from upslope.rewards import build_reward_fns, check_rewards
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
@@ -164,15 +164,19 @@ class BaseTrainer:
         with `rewards`, the reward functions and their combiner: what every method that samples
         from the policy needs."""
         cfg = self.cfg
-        examples = load_examples(cfg.data, "train")
+        examples = load_examples(cfg.data, "train", announce=self.report.note)
         examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
         self.prompt_ids, self.examples = self.encode_prompts(examples, cfg.rollout.max_new_tokens)
         check_reply_fits(self.runtime.tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")  # before any work
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
+        self.reward_context.total_steps = cfg.train.steps
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
-        check_answers(self.reward_fns, self.examples)
+        for rf in self.reward_fns:
+            if rf.note:
+                self.report.note(rf.note)
+        check_rewards(self.reward_fns, self.examples)
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
@@ -187,6 +191,8 @@ class BaseTrainer:
         a `stream`, kept groups go to it as they arrive and it works while the learner waits."""
         if not self.main:
             return group.broadcast(None)
+        if getattr(self, "reward_context", None) is not None:
+            self.reward_context.step = step
         if self.pipe is not None:
             return self.collect_from_pipe(step, want=want, per_round=per_round or want, refill=refill,
                                           max_rounds=max_rounds, keep=keep, stream=stream)
