@@ -289,10 +289,22 @@ class EvalConfig(Section):
 
 
 class LogConfig(Section):
-    jsonl: bool = opt(True, "write metrics.jsonl in the run directory")
+    jsonl: bool = opt(True, "write metrics.jsonl (and the completion tables, rollouts.jsonl) in the run directory")
     tensorboard: bool = opt(True, "also write TensorBoard events when tensorboard is installed")
+    trackers: list[Plugin] = opt([], "experiment trackers (registry: tracker), e.g. [wandb, mlflow] or "
+                                     "[{name: wandb, options: {project: p, mode: offline}}]: wandb, trackio, "
+                                     "mlflow, tensorboard", registry="tracker")
+    table_every: int = opt(10, "every N steps, a table of sampled prompts, completions and rewards to the trackers "
+                               "and rollouts.jsonl (0: none)", ge=0)
+    table_rows: int = opt(16, "samples in each completion table (the step's first groups)", ge=1)
     progress: bool = opt(True, "live progress display")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        """A tracker may be named alone (`log.trackers=[wandb]`): a plugin with no options."""
+        return [{"name": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
 
 
 LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

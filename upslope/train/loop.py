@@ -24,7 +24,7 @@ from upslope.dist import group
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
-from upslope.logs.sinks import MetricsLogger, read_metrics
+from upslope.logs.sinks import MetricsLogger, read_metrics, sample_rows, tracker_plugins
 from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns, check_rewards
 from upslope.rollout.base import SamplingParams
@@ -64,11 +64,12 @@ class BaseTrainer:
         group.init_from_env(cfg.dist.backend, default_device())  # a learner rank (torchrun or `spawn`)
         self.main = group.is_main()  # rank 0 owns the engine, data order, rewards, logs and checkpoints
         if not self.main:
-            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update=dict.fromkeys(
-                ("jsonl", "tensorboard", "progress", "plot"), False))})
+            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={**dict.fromkeys(
+                ("jsonl", "tensorboard", "progress", "plot"), False), "trackers": []})})
         self.cfg = cfg
         self.report = Report(enabled=self.main)
         self.check_config()
+        tracker_plugins(cfg.log)  # a tracker that is not installed fails before the model loads
         self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or max((os.cpu_count() or 1) // group.world(), 1))
@@ -94,7 +95,9 @@ class BaseTrainer:
         self.pipe = self.start_pipe()
         if self.uses_engine and self.main and self.pipe is None:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
-        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
+        self.last_samples: Batch | None = None  # the latest step's scored samples (the completion table)
+        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None,
+                                    config=cfg.model_dump(mode="json"), announce=self.report.note)
 
     def start_pipe(self) -> Any:
         """With dist.rollout_workers > 0 (rank 0 of a method that samples a task): the Ray rollout
@@ -203,6 +206,7 @@ class BaseTrainer:
         engine = self.runtime.engine
         got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
         engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
+        self.last_samples = got.seen
         return group.broadcast(got)
 
     @property
@@ -237,6 +241,7 @@ class BaseTrainer:
                       on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
         got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
+        self.last_samples = got.seen
         return got
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
@@ -292,6 +297,7 @@ class BaseTrainer:
             for step in range(self.start_step + 1, last + 1):
                 metrics = self.timed_step(step)
                 self.logger.log(step, metrics)
+                self.log_table(step)
                 if self.main:
                     display.update(step, metrics)
                 if ((t.eval_every and step % t.eval_every == 0) or step in t.eval_at) and step != t.steps:
@@ -305,6 +311,14 @@ class BaseTrainer:
         self.logger.close()
         self.finish(results)
         return results
+
+    def log_table(self, step: int) -> None:
+        """Every log.table_every steps (and at the first), the step's first sampled completions with their
+        rewards, to rollouts.jsonl and the trackers."""
+        every, samples = self.cfg.log.table_every, self.last_samples
+        if self.main and every and samples is not None and samples.size and (step % every == 0 or step == 1):
+            self.logger.table(step, sample_rows(samples, step, self.cfg.log.table_rows))
+        self.last_samples = None
 
     def timed_step(self, step: int) -> dict[str, Any]:
         """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
@@ -407,4 +421,6 @@ class BaseTrainer:
                 f.writelines(json.dumps(e) + "\n" for e in self.pipe.events)
             self.pipe.close()
             self.pipe = None
+        if getattr(self, "logger", None) is not None:  # a run that stopped early still finishes its tracker runs
+            self.logger.close()
         self.runtime.close()
