@@ -222,7 +222,7 @@ def _as_list(got: Any, n: int, label: str) -> list[Any]:
     if hasattr(got, "tolist") and not isinstance(got, (list, tuple)):
         got = got.tolist()
     if not isinstance(got, (list, tuple)):
-        raise ShapeError(f"returned {type(got).__name__} {str(got)[:40]!r}, expected a list of {n} values")
+        raise ShapeError(f"returned {type(got).__name__} {repr(got)[:40]}, expected a list of {n} values")
     if len(got) != n:
         raise ShapeError(f"returned {len(got)} values for {n} completions")
     return list(got)
