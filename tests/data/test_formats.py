@@ -207,3 +207,25 @@ def test_an_implicit_prompt_needs_a_shared_opening(tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"chosen": "Yes.", "rejected": "No."}) + "\n")
     with pytest.raises(DataError, match="p.jsonl:1: no 'prompt' field, and 'chosen' and 'rejected' share no opening"):
         load_pairs(DPOConfig(source="dataset", path=str(tmp_path / "p.jsonl")))
+
+
+# ------------------------------------------------------------------ SFT rows in TRL's layouts
+
+
+@pytest.mark.parametrize("name, first", [
+    ("trl_prompt_completion.jsonl", [{"role": "user", "content": PRODUCT.format(4, 6)}, {"role": "assistant", "content": "24"}]),
+    ("trl_messages.jsonl", [{"role": "user", "content": PRODUCT.format(4, 6)}, {"role": "assistant", "content": "24"}]),
+])
+def test_sft_reads_trl_conversational_layouts(name, first):
+    from upslope.data.sft import load_conversations
+
+    [conv, *_] = load_conversations(DataConfig(path=str(FORMATS / name)), "response")
+    assert conv.messages == first and "completion" not in conv.meta and "prompt" not in conv.meta
+
+
+def test_sft_reads_trl_standard_prompt_completion(tmp_path):
+    from upslope.data.sft import load_conversations
+
+    (tmp_path / "pc.jsonl").write_text(json.dumps({"prompt": "The sky is", "completion": " blue."}) + "\n")
+    [conv] = load_conversations(DataConfig(path=str(tmp_path / "pc.jsonl")), "response")
+    assert conv.messages == [{"role": "user", "content": "The sky is"}, {"role": "assistant", "content": " blue."}]
