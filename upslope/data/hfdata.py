@@ -114,7 +114,9 @@ def read_hub(name: str, split: str | None, subset: str | None) -> Records:
         ds = datasets.load_dataset(name, subset, split=split or "train", streaming=True)
         for i, rec in enumerate(ds):
             yield f"{name}[{split or 'train'}]:row {i + 1}", rec
-    except (ValueError, FileNotFoundError, ConnectionError) as exc:
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever datasets or the Hub raised (no such split, config, file): one line
         raise DataError(f"{where}: {type(exc).__name__}: {_first_line(exc)}") from None
 
 

@@ -57,9 +57,10 @@ def signature_text(fn: Callable[..., Any]) -> str:
 
 
 def detect_style(fn: Callable[..., Any], label: str, where: str) -> str:
-    """The calling convention a signature fits: verl's by `solution_str`, OpenRLHF's by `queries`, TRL's
-    by `completions` (or keyword arguments only), else upslope's per-sample form if three positional
-    arguments bind. None or several: one ConfigError line naming the accepted forms."""
+    """The calling convention a signature fits: verl's by `solution_str`, OpenRLHF's by `queries`,
+    upslope's batched form by `completions, answers, metas`, TRL's by `completions` (or keyword arguments
+    only), else upslope's per-sample form if three positional arguments bind. None or several: one
+    ConfigError line naming the accepted forms."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -68,8 +69,11 @@ def detect_style(fn: Callable[..., Any], label: str, where: str) -> str:
     names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    own_batched = {"completions", "answers", "metas"} <= names  # upslope's batched form, by its names
     fits = [style for style, hit in (("verl", "solution_str" in names), ("openrlhf", "queries" in names),
-                                     ("trl", "completions" in names or (var_kw and not positional))) if hit]
+                                     ("batched", own_batched),
+                                     ("trl", not own_batched and ("completions" in names or (var_kw and not positional))))
+            if hit]
     if not fits and _binds(sig, 3):
         fits = ["upslope"]
     if len(fits) == 1:
