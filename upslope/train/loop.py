@@ -85,7 +85,8 @@ class BaseTrainer:
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
         held_out = self.eval_examples[: cfg.eval.limit] if cfg.eval.limit else self.eval_examples
         shared = overlap([e for e in getattr(self, "examples", []) if isinstance(e, Example)], held_out)
-        self.eval_overlap = (shared, len(held_out)) if shared else None  # reported once the run starts
+        self.eval_overlap = (shared, len(held_out)) if shared else None  # logged beside every evaluation
+        self.overlap_to_say: tuple[int, int] | None = None  # ... and said once, beside the first result
         self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
@@ -281,12 +282,8 @@ class BaseTrainer:
         if cfg.eval.data is None and is_single_file(cfg.data):  # warned here, after every check
             self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
-        elif self.eval_overlap:
-            n, total = self.eval_overlap
-            share = f"all {total}" if n == total else f"{n} of {total}"
-            self.report.warn(f"evaluation: {share} held-out prompts are also training prompts (same prompt and "
-                             f"answer), so the held-out accuracy is {'' if n == total else 'partly '}measured on "
-                             f"training data; set eval.data to a disjoint set")
+        else:
+            self.overlap_to_say = self.eval_overlap  # said beside the first evaluation's result
         if self.start_step and self.uses_engine:
             self.sync_weights()
         results: dict[str, Any] = {}
@@ -355,6 +352,13 @@ class BaseTrainer:
         self.logger.log(step, metrics)
         self.report.result(f"eval @ step {step}: accuracy {summary['accuracy']:.3f} "
                            f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
+        if self.overlap_to_say:
+            n, total = self.overlap_to_say
+            share = f"all {total}" if n == total else f"{n} of {total}"
+            self.report.warn(f"evaluation: {share} held-out prompts are also training prompts (same prompt and "
+                             f"answer), so the held-out accuracy is {'' if n == total else 'partly '}measured on "
+                             f"training data; set eval.data to a disjoint set")
+            self.overlap_to_say = None
         return summary
 
     def save(self, step: int) -> Path:
