@@ -261,11 +261,15 @@ _data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")],
            lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
            key="eval.data.path", command="eval")
 CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+# a chat list under the default `prompt` column is read as TRL's conversational layout; under a prompt
+# field the user named, it is an error naming messages_field
 _data_case("data_prompt_is_chat", lambda w: [f"{w.tmp / 'chat.jsonl'}:1", "got a list (chat messages?)",
-                                             "set data.messages_field=prompt"],
-           lambda w: w.jsonl("chat.jsonl", [{"prompt": CHAT, "answer": 4}]))
-_data_case("eval_data_path_alone_is_chat", lambda w: [f"{w.tmp / 'evchat.jsonl'}:1", "set eval.data.messages_field=prompt"],
-           lambda w: w.jsonl("evchat.jsonl", [{"prompt": CHAT, "answer": 4}]), key="eval.data", command="eval")
+                                             "set data.messages_field=question"],
+           lambda w: w.jsonl("chat.jsonl", [{"question": CHAT, "answer": 4}]), "data.prompt_field=question")
+_data_case("eval_data_path_alone_is_chat", lambda w: [f"{w.tmp / 'evchat.jsonl'}:1",
+                                                      "set eval.data.messages_field=question"],
+           lambda w: w.jsonl("evchat.jsonl", [{"question": CHAT, "answer": 4}]), "eval.data.prompt_field=question",
+           key="eval.data", command="eval")
 _data_case("sft_missing_messages", lambda w: [f"{w.tmp / 'sft.jsonl'}:1", "messages"],
            lambda w: w.jsonl("sft.jsonl", [{"text": "hi"}]), "data.messages_field=messages", command="sft")
 _data_case("sft_binary", lambda w: [str(w.tmp / "sft.bin.jsonl")],

@@ -646,13 +646,21 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     value = parse_value(text, f"override '{key}'")
     parts = key.strip().split(".")
     node = raw
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         nxt = node.get(p)
+        shorthand = STRING_SHORTHANDS.get(".".join(parts[:i + 1]))
+        if isinstance(nxt, str) and shorthand:  # eval.data=test.jsonl, then eval.data.prompt_field=...
+            nxt = {shorthand: nxt}
+            node[p] = nxt
         if not isinstance(nxt, dict):
             nxt = {}
             node[p] = nxt
         node = nxt
     node[parts[-1]] = value
+
+
+# sections a plain string stands for, as the option that string sets (eval.data=test.jsonl is eval.data.path)
+STRING_SHORTHANDS = {"eval.data": "path"}
 
 
 def dump(config: Config) -> str:
