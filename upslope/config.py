@@ -72,11 +72,17 @@ class EngineConfig(Section):
 class DataConfig(Section):
     task: str = opt("arith", "built-in task (arith, gsm8k, math500, humaneval, ...) used when `path` is empty")
     options: dict[str, Any] = opt({}, "options of the task (e.g. ops, digits, count, seed for arith)")
-    path: str | None = opt(None, "JSONL / Parquet file or HF dataset directory instead of a built-in task")
-    split: str | None = opt(None, "split of an HF dataset directory")
-    prompt_field: str = opt("prompt", "field holding the prompt text")
+    path: str | None = opt(None, "JSONL / JSON / CSV / Parquet file, dataset directory (saved, or data files "
+                                 "named by split) or Hugging Face Hub id, instead of a built-in task")
+    split: str | None = opt(None, "split of a dataset directory, Hub dataset or task (default: train for "
+                                  "training, test for evaluation where the source has one)")
+    subset: str | None = opt(None, "configuration (subset) of a Hugging Face Hub dataset, e.g. 'main' for gsm8k")
+    prompt_field: str = opt("prompt", "field holding the prompt text (left at prompt: detected from the "
+                                      "columns, e.g. TRL's conversational prompt, messages, question)")
     messages_field: str | None = opt(None, "field holding chat messages instead of prompt text")
-    answer_field: str | None = opt("answer", "field holding the reference answer")
+    answer_field: str | None = opt("answer", "field holding the reference answer; a dotted path reads nested "
+                                             "fields (left at answer: detected, e.g. reward_model.ground_truth, "
+                                             "solution)")
     system_prompt: str | None = opt(None, "system message prepended to every prompt")
     template: str = opt("{prompt}", "instruction template; {prompt} is replaced by the prompt text")
     limit: int | None = opt(None, "use only the first N examples", ge=1)
@@ -311,10 +317,22 @@ class EvalConfig(Section):
 
 
 class LogConfig(Section):
-    jsonl: bool = opt(True, "write metrics.jsonl in the run directory")
+    jsonl: bool = opt(True, "write metrics.jsonl (and the completion tables, rollouts.jsonl) in the run directory")
     tensorboard: bool = opt(True, "also write TensorBoard events when tensorboard is installed")
+    trackers: list[Plugin] = opt([], "experiment trackers (registry: tracker), e.g. [wandb, mlflow] or "
+                                     "[{name: wandb, options: {project: p, mode: offline}}]: wandb, trackio, "
+                                     "mlflow, tensorboard", registry="tracker")
+    table_every: int = opt(10, "every N steps, a table of sampled prompts, completions and rewards to the trackers "
+                               "and rollouts.jsonl (0: none)", ge=0)
+    table_rows: int = opt(16, "samples in each completion table (the step's first groups)", ge=1)
     progress: bool = opt(True, "live progress display")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        """A tracker may be named alone (`log.trackers=[wandb]`): a plugin with no options."""
+        return [{"name": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
 
 
 class LoraConfig(Section):
@@ -628,13 +646,21 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     value = parse_value(text, f"override '{key}'")
     parts = key.strip().split(".")
     node = raw
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         nxt = node.get(p)
+        shorthand = STRING_SHORTHANDS.get(".".join(parts[:i + 1]))
+        if isinstance(nxt, str) and shorthand:  # eval.data=test.jsonl, then eval.data.prompt_field=...
+            nxt = {shorthand: nxt}
+            node[p] = nxt
         if not isinstance(nxt, dict):
             nxt = {}
             node[p] = nxt
         node = nxt
     node[parts[-1]] = value
+
+
+# sections a plain string stands for, as the option that string sets (eval.data=test.jsonl is eval.data.path)
+STRING_SHORTHANDS = {"eval.data": "path"}
 
 
 def dump(config: Config) -> str:

@@ -157,6 +157,7 @@ BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope
                     "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)
 BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # issue 21, part 2
 BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
+BUILTIN_MODULES += ("upslope.logs.trackers",)  # experiment trackers (log.trackers)
 
 
 def load_builtins() -> None:
@@ -192,3 +193,4 @@ TOOLS: Registry = Registry("tool")
 TOOL_FORMATS: Registry = Registry("tool_format")
 REPLAY: Registry = Registry("replay")
 CONSOLIDATORS: Registry = Registry("consolidate")
+TRACKERS: Registry = Registry("tracker")

@@ -99,9 +99,9 @@ def test_directory_of_jsonl_files_by_split(tmp_path):
 def test_source_errors(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
         list(read_records(tmp_path / "missing.jsonl"))
-    (tmp_path / "d.csv").write_text("a,b\n")
+    (tmp_path / "d.tsv").write_text("a\tb\n")
     with pytest.raises(DataError, match="unknown data format"):
-        list(read_records(tmp_path / "d.csv"))
+        list(read_records(tmp_path / "d.tsv"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="not a saved HF dataset"):
         list(read_records(tmp_path / "empty"))

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from upslope.batch import Batch, concat
 from upslope.config import Config, DataConfig, RewardSpec, eval_generation_length
-from upslope.data import is_single_file, load_examples
+from upslope.data import has_split, load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.errors import ConfigError
@@ -18,7 +18,7 @@ from upslope.eval.calibration import calibration_summary, selective_summary
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers, status_counts
+from upslope.rewards import build_reward_fns, check_rewards, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
@@ -31,7 +31,7 @@ def eval_data_config(cfg: Config) -> DataConfig:
     """The held-out data: eval.data, or the training source's test split."""
     if cfg.eval.data is not None:
         return cfg.eval.data
-    split = cfg.data.split if is_single_file(cfg.data) else "test"  # a single file has no splits
+    split = "test" if has_split(cfg.data, "test") else cfg.data.split  # else the training data (reported)
     return cfg.data.model_copy(update={"split": split, "limit": None})
 
 
@@ -76,7 +76,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
     reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())
-    check_answers(reward_fns, examples)
+    check_rewards(reward_fns, examples)
     if not specs:
         from upslope.data import task_default_reward
 

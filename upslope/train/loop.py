@@ -15,7 +15,7 @@ import torch
 from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config, dump
-from upslope.data import is_single_file, load_examples
+from upslope.data import is_single_file, load_examples, overlap
 from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
@@ -24,9 +24,9 @@ from upslope.dist import group
 from upslope.eval.runner import evaluate, load_eval_examples
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
-from upslope.logs.sinks import MetricsLogger, read_metrics
+from upslope.logs.sinks import MetricsLogger, read_metrics, sample_rows, tracker_plugins
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers
+from upslope.rewards import build_reward_fns, check_rewards
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
@@ -64,11 +64,12 @@ class BaseTrainer:
         group.init_from_env(cfg.dist.backend, default_device())  # a learner rank (torchrun or `spawn`)
         self.main = group.is_main()  # rank 0 owns the engine, data order, rewards, logs and checkpoints
         if not self.main:
-            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update=dict.fromkeys(
-                ("jsonl", "tensorboard", "progress", "plot"), False))})
+            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={**dict.fromkeys(
+                ("jsonl", "tensorboard", "progress", "plot"), False), "trackers": []})})
         self.cfg = cfg
         self.report = Report(enabled=self.main)
         self.check_config()
+        tracker_plugins(cfg.log)  # a tracker that is not installed fails before the model loads
         self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or max((os.cpu_count() or 1) // group.world(), 1))
@@ -82,6 +83,10 @@ class BaseTrainer:
         self.sampler: Any = None
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
+        held_out = self.eval_examples[: cfg.eval.limit] if cfg.eval.limit else self.eval_examples
+        shared = overlap([e for e in getattr(self, "examples", []) if isinstance(e, Example)], held_out)
+        self.eval_overlap = (shared, len(held_out)) if shared else None  # logged beside every evaluation
+        self.overlap_to_say: tuple[int, int] | None = None  # ... and said once, beside the first result
         self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
@@ -91,7 +96,9 @@ class BaseTrainer:
         self.pipe = self.start_pipe()
         if self.uses_engine and self.main and self.pipe is None:
             self.runtime.engine  # start the engine now, so no step's timing includes its start-up
-        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
+        self.last_samples: Batch | None = None  # the latest step's scored samples (the completion table)
+        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None,
+                                    config=cfg.model_dump(mode="json"), announce=self.report.note)
 
     def start_pipe(self) -> Any:
         """With dist.rollout_workers > 0 (rank 0 of a method that samples a task): the Ray rollout
@@ -161,15 +168,19 @@ class BaseTrainer:
         with `rewards`, the reward functions and their combiner: what every method that samples
         from the policy needs."""
         cfg = self.cfg
-        examples = load_examples(cfg.data, "train")
+        examples = load_examples(cfg.data, "train", announce=self.report.note)
         examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
         self.prompt_ids, self.examples = self.encode_prompts(examples, cfg.rollout.max_new_tokens)
         check_reply_fits(self.runtime.tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")  # before any work
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
+        self.reward_context.total_steps = cfg.train.steps
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
-        check_answers(self.reward_fns, self.examples)
+        for rf in self.reward_fns:
+            if rf.note:
+                self.report.note(rf.note)
+        check_rewards(self.reward_fns, self.examples)
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
@@ -184,6 +195,8 @@ class BaseTrainer:
         a `stream`, kept groups go to it as they arrive and it works while the learner waits."""
         if not self.main:
             return group.broadcast(None)
+        if getattr(self, "reward_context", None) is not None:
+            self.reward_context.step = step
         if self.pipe is not None:
             return self.collect_from_pipe(step, want=want, per_round=per_round or want, refill=refill,
                                           max_rounds=max_rounds, keep=keep, stream=stream)
@@ -194,6 +207,7 @@ class BaseTrainer:
         engine = self.runtime.engine
         got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
         engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
+        self.last_samples = got.seen
         return group.broadcast(got)
 
     @property
@@ -228,6 +242,7 @@ class BaseTrainer:
                       on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
         got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
+        self.last_samples = got.seen
         return got
 
     def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
@@ -267,6 +282,8 @@ class BaseTrainer:
         if cfg.eval.data is None and is_single_file(cfg.data):  # warned here, after every check
             self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
+        else:
+            self.overlap_to_say = self.eval_overlap  # said beside the first evaluation's result
         if self.start_step and self.uses_engine:
             self.sync_weights()
         results: dict[str, Any] = {}
@@ -277,6 +294,7 @@ class BaseTrainer:
             for step in range(self.start_step + 1, last + 1):
                 metrics = self.timed_step(step)
                 self.logger.log(step, metrics)
+                self.log_table(step)
                 if self.main:
                     display.update(step, metrics)
                 if ((t.eval_every and step % t.eval_every == 0) or step in t.eval_at) and step != t.steps:
@@ -290,6 +308,14 @@ class BaseTrainer:
         self.logger.close()
         self.finish(results)
         return results
+
+    def log_table(self, step: int) -> None:
+        """Every log.table_every steps (and at the first), the step's first sampled completions with their
+        rewards, to rollouts.jsonl and the trackers."""
+        every, samples = self.cfg.log.table_every, self.last_samples
+        if self.main and every and samples is not None and samples.size and (step % every == 0 or step == 1):
+            self.logger.table(step, sample_rows(samples, step, self.cfg.log.table_rows))
+        self.last_samples = None
 
     def timed_step(self, step: int) -> dict[str, Any]:
         """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
@@ -320,9 +346,19 @@ class BaseTrainer:
             return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
                            show_progress=self.cfg.log.progress)
-        self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        metrics = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        if self.eval_overlap:  # the share of the held-out prompts that are training prompts, beside the accuracy
+            metrics["eval/train_overlap"] = self.eval_overlap[0] / self.eval_overlap[1]
+        self.logger.log(step, metrics)
         self.report.result(f"eval @ step {step}: accuracy {summary['accuracy']:.3f} "
                            f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
+        if self.overlap_to_say:
+            n, total = self.overlap_to_say
+            share = f"all {total}" if n == total else f"{n} of {total}"
+            self.report.warn(f"evaluation: {share} held-out prompts are also training prompts (same prompt and "
+                             f"answer), so the held-out accuracy is {'' if n == total else 'partly '}measured on "
+                             f"training data; set eval.data to a disjoint set")
+            self.overlap_to_say = None
         return summary
 
     def save(self, step: int) -> Path:
@@ -389,4 +425,6 @@ class BaseTrainer:
                 f.writelines(json.dumps(e) + "\n" for e in self.pipe.events)
             self.pipe.close()
             self.pipe = None
+        if getattr(self, "logger", None) is not None:  # a run that stopped early still finishes its tracker runs
+            self.logger.close()
         self.runtime.close()
