@@ -38,13 +38,15 @@ def linear_layers(model: Any) -> list[str]:
 
 
 def routers(model: Any) -> set[str]:
-    """Full names of the MoE routers: a linear layer beside a sibling `experts` module (the gate that
-    picks each token's experts; Qwen-MoE's and OLMoE's `mlp.gate`, Mixtral's `block_sparse_moe.gate`)."""
+    """Full names of the MoE routers: a module with a weight beside a sibling `experts` module (the gate that
+    picks each token's experts: Qwen-MoE's and OLMoE's `mlp.gate`, Mixtral's; a linear layer in older
+    transformers, a router module of its own in transformers 5)."""
     found = set()
     for name, module in model.named_modules():
-        if hasattr(module, "experts"):
+        experts = getattr(module, "experts", None)
+        if isinstance(experts, torch.nn.Module):
             found.update(f"{name}.{child}" if name else child for child, m in module.named_children()
-                         if isinstance(m, torch.nn.Linear))
+                         if m is not experts and isinstance(getattr(m, "weight", None), torch.Tensor))
     return found
 
 

@@ -24,7 +24,8 @@ def table() -> str:
     families = list(FAMILIES)
     lines = ["| check | " + " | ".join(families) + " |", "|---" * (len(families) + 1) + "|"]
     for check in sorted(RESULTS):
-        cells = [f"{RESULTS[check][f]:.1e}" if f in RESULTS[check] else "-" for f in families]
+        cells = [("refused" if RESULTS[check][f] != RESULTS[check][f] else f"{RESULTS[check][f]:.1e}")
+                 if f in RESULTS[check] else "-" for f in families]
         lines.append(f"| {check} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ import torch
 
 from upslope.train.learner.logprobs import token_scores
 
-PROMPTS, LENGTHS, GROUPS = (20, 20, 14, 14), (40, 31, 36, 22), (0, 0, 1, 1)
+PROMPTS, LENGTHS, GROUPS = (30, 30, 6, 6), (48, 39, 30, 17), (0, 0, 1, 1)
 
 
 def batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ windows shorter than the sequence, experts that differ). For each family:
 - the learner's gradients equal plain autograd through the model's forward;
 - the HF and continuous-batching engines sample with the learner's log-probs before and after a large
   update of every weight, and so does vLLM (one process per family; Gemma 2 and Qwen3-MoE in the
-  default run: soft-capping and the MoE weight sync; every family with `-m slow`);
+  default run: soft-capping and the MoE weight sync; every family with `-m slow`), or vLLM's model
+  check refuses the family in one line;
 - LoRA's automatic targets are the family's attention and MLP projections.
 `UPSLOPE_FAMILY_TABLE=docs/models.md pytest -m "" tests/models` rewrites the table in docs/models.md
 from these numbers."""
@@ -19,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from family_checks import MODES, engine_difference, forward_difference, gradient_difference, large_update
 
@@ -57,7 +57,10 @@ def family_model(family_path):
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_learner_scores_equal_the_models_forward(family, family_model, family_results):
+    from upslope.train.learner.logprobs import fast_head_matches
+
     model = family_model(family)
+    assert fast_head_matches(model)  # the fast head itself reproduces the family (no fallback)
     for mode in MODES:
         lp, ent = forward_difference(model, mode)
         family_results(family, f"log-prob: {mode}", lp)
@@ -93,15 +96,22 @@ def test_engines_sample_what_the_learner_scores(family, engine_name, family_path
     assert before < ENGINE_TOL and after < ENGINE_TOL, (before, after)
 
 
-VLLM_DEFAULT = {"gemma2", "qwen3_moe"}  # soft-capping and the MoE weight sync; the rest with -m slow
+VLLM_DEFAULT = {"gemma2", "qwen3_moe"}  # soft-capping (refused on a CPU) and the MoE sync; the rest with -m slow
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 @pytest.mark.parametrize("family", [f if f in VLLM_DEFAULT else pytest.param(f, marks=pytest.mark.slow)
                                     for f in FAMILY_NAMES])
 def test_vllm_samples_what_the_learner_scores(family, family_path, family_results, tmp_path):
-    if family == "olmo2":
-        pytest.skip("this vLLM build cannot run OLMo 2 (it raises at start); the engine falls back to hf")
+    """vLLM reproduces the learner's log-probs, or its model check refuses the model in one line (auto then
+    takes the hf engine): OLMo 2 (Transformers backend) and, on a CPU, Gemma 2 (attention soft-capping)."""
+    from upslope.rollout.vllm import vllm_model_check
+
+    reason = vllm_model_check(family_path(family))
+    if reason is not None:
+        family_results(family, "sampler: vllm", float("nan"))
+        assert family in ("olmo2", "gemma2") and "\n" not in reason, reason
+        return
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, str(WORKER), family_path(family), str(out)], capture_output=True, text=True,
                           timeout=900)
@@ -123,3 +133,31 @@ def test_lora_auto_targets_are_the_attention_and_mlp_projections(family, family_
     assert any("o_proj" == t or "dense" in t for t in targets)  # the attention output is adapted
     if FAMILIES[family].moe:
         assert lora.routers(model), "a MoE family has routers"
+
+
+def test_a_head_the_fast_path_does_not_know_falls_back_to_the_models_forward(family_path, caplog):
+    """A model whose forward transforms its logits in a way no config field declares (here: times 3) is
+    scored through its own forward, said once in one line, and its log-probs are the model's."""
+    import logging
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from family_checks import batch, plain_scores
+    from upslope.train.learner.logprobs import token_scores
+
+    class TripledLogits(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 3.0
+            return out
+
+    model = TripledLogits.from_pretrained(family_path("llama"), dtype=torch.float32).eval()
+    b = batch(model.config.vocab_size)
+    with caplog.at_level(logging.WARNING, logger="upslope"), torch.no_grad():
+        ref, _ = plain_scores(model, b)
+        for shared in (None, (b["prompt_lens"], b["seq_lens"], b["group_ids"])):
+            out = token_scores(model, b["input_ids"], b["attention_mask"], b["target_mask"], shared=shared)
+            assert float((out.logprobs - ref).abs().max()) < LOGPROB_TOL
+    said = [r.getMessage() for r in caplog.records if "fast LM head" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said

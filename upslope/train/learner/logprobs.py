@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -84,7 +83,14 @@ def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
           temperature: float, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
           top_k: int = 0, top_k_vocab: int | None = None,
           transform: HeadTransform = HeadTransform()) -> tuple[torch.Tensor, ...]:
-    logits = transform(torch.nn.functional.linear(hidden, weight, bias).float())
+    return _scores(transform(torch.nn.functional.linear(hidden, weight, bias).float()), targets, temperature,
+                   entropy_grad, gather_ids, top_k, top_k_vocab)
+
+
+def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy_grad: bool = False,
+            gather_ids: torch.Tensor | None = None, top_k: int = 0,
+            top_k_vocab: int | None = None) -> tuple[torch.Tensor, ...]:
+    """(log-prob of each target, entropy, log-probs at `gather_ids`, top-k log-probs and ids) of fp32 logit rows."""
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -111,6 +117,9 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     `checkpoint_layers` keeps only each decoder layer's input for backward and recomputes
     the layer there (with `shared`: the completion pass; the shared prompts are short)."""
     n, length = input_ids.shape
+    if not fast_head_matches(model):
+        return _model_scores(model, input_ids, attention_mask, target_mask, temperature, entropy_grad, gather_ids,
+                             top_k, top_k_vocab)
     if shared is None:
         with checkpointed_layers(model, checkpoint_layers):
             h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
@@ -119,6 +128,76 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                                                        checkpoint_layers=checkpoint_layers)
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
     outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab)
+    lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
+    assert lp is not None and ent is not None
+    return HeadOutput(lp, ent, gathered, topk_lp, topk_ids)
+
+
+_HEAD_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_log = logging.getLogger("upslope")
+
+
+def fast_head_matches(model: Any) -> bool:
+    """Whether the chunked head (the output embedding's weight and bias, then `HeadTransform.of(model)`)
+    gives `model`'s own logits; checked once per model (a transformers model in one process: a sharded or
+    wrapped model is trusted). The check feeds the model's head random hidden states scaled so that its
+    logits spread over about +-40 (where a soft-cap or a scale shows) and compares the log-softmax of
+    what the model's forward returns with the fast head's. A mismatch is said once, in one line."""
+    if model in _HEAD_CHECKED:
+        return _HEAD_CHECKED[model]
+    ok = True
+    from transformers import PreTrainedModel
+
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    if isinstance(model, PreTrainedModel) and isinstance(weight, torch.Tensor) and type(weight) is torch.nn.Parameter:
+        gap = _head_gap(model)
+        ok = gap <= (1e-3 if weight.dtype in (torch.float32, torch.float64) else 0.5)
+        if not ok:
+            _log.warning(f"{type(model).__name__}: the learner's fast LM head does not reproduce this model's logits "
+                         f"(log-probs {gap:.2g} apart); scoring through the model's own forward (more memory)")
+    _HEAD_CHECKED[model] = ok
+    return ok
+
+
+def _head_gap(model: Any) -> float:
+    """max |log-softmax(model's own logits) - log-softmax(fast head)| over 8 random hidden states."""
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        h = torch.randn(1, 8, weight.shape[1], generator=gen).to(weight)  # cpu: drawn on the CPU, then moved
+        h = h * (20.0 / torch.nn.functional.linear(h, weight, bias).float().std().clamp(min=1e-6))
+        ids = torch.arange(8, device=weight.device).unsqueeze(0) % weight.shape[0]
+
+        def replace(module: Any, args: Any, out: Any) -> Any:
+            if isinstance(out, tuple):
+                return (h, *out[1:])
+            out.last_hidden_state = h
+            return out
+
+        hook = _body(model).register_forward_hook(replace)
+        try:
+            own = model(input_ids=ids, use_cache=False).logits.float()
+        finally:
+            hook.remove()
+        fast = HeadTransform.of(model)(torch.nn.functional.linear(h, weight, bias).float())
+        return float((torch.log_softmax(own, -1) - torch.log_softmax(fast, -1)).abs().max())
+
+
+def _model_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
+                  temperature: float, entropy_grad: bool, gather_ids: torch.Tensor | None, top_k: int,
+                  top_k_vocab: int | None) -> HeadOutput:
+    """`token_scores` through the model's own forward: the full [N, L, vocab] logits, for a head the fast
+    path cannot reproduce."""
+    n, length = input_ids.shape
+    logits = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).logits
+    rows, cols = torch.nonzero(target_mask[:, 1:] > 0, as_tuple=True)
+    flat_index = rows * length + cols + 1
+    flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
+    outs = list(_scores(logits[rows, cols].float(), input_ids[rows, cols + 1], temperature, entropy_grad, flat_gather,
+                        top_k, top_k_vocab))
+    if not entropy_grad:
+        outs[1] = outs[1].detach()
     lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
     assert lp is not None and ent is not None
     return HeadOutput(lp, ent, gathered, topk_lp, topk_ids)
