@@ -148,8 +148,10 @@ def fast_head_matches(model: Any) -> bool:
     ok = True
     from transformers import PreTrainedModel
 
+    from torch.distributed.tensor import DTensor
+
     weight = getattr(model.get_output_embeddings(), "weight", None)
-    if isinstance(model, PreTrainedModel) and isinstance(weight, torch.Tensor) and type(weight) is torch.nn.Parameter:
+    if isinstance(model, PreTrainedModel) and isinstance(weight, torch.Tensor) and not isinstance(weight, DTensor):
         gap = _head_gap(model)
         ok = gap <= (1e-3 if weight.dtype in (torch.float32, torch.float64) else 0.5)
         if not ok:
