@@ -54,7 +54,7 @@ METHODS: dict[str, Claim] = {
     "rerule": Claim("rerule", "headroom", "eval/accuracy", "higher",
                     "Replay What Matters: Off-Policy Replay for Efficient LLM Reinforcement Unlearning (ReRULE)",
                     scaled=("algo.replay.options.store_steps={half}", "algo.replay.options.replay_from={half}")),
-    # issue 20, part B: trust regions and objectives (their claims: better accuracy at equal steps, more
+    # trust regions and objectives (their claims: better accuracy at equal steps, more
     # stable training; DCMDP also a smaller train/inference discrepancy). MISMATCH is the sampler/learner
     # gap both arms run under: nucleus sampling (top_p 0.9) makes the sampler's log-probs those of the
     # renormalised nucleus, while an fp32 engine and an fp32 learner should differ by very little.
@@ -91,7 +91,7 @@ METHODS: dict[str, Claim] = {
     "arkd": Claim("arkd", "distill_headroom", "eval/accuracy", "higher",
                   "ARKD: Adaptive RL-Guided Bidirectional KL Divergence Distillation for Text Generation",
                   command="distill", teacher="headroom"),
-    # issue 21, part 2: exploration and rollout shaping
+    # exploration and rollout shaping
     "darts": Claim("darts", "headroom", "eval/accuracy", "higher",
                    "DARTS: over-sample, keep concise and confident trajectories"),
     "espo": Claim("espo", "headroom", "eval/accuracy", "higher",
@@ -111,21 +111,21 @@ METHODS: dict[str, Claim] = {
     "td_grokking": Claim("td_grokking", "headroom", "eval/accuracy", "higher",
                          "TD-Grokking: Learning from Zero-Reward Problems by Training-Time Decomposition"),
 }
-METHODS.update({  # search over weights (issue 21, part 2): `upslope randopt`, no gradients
+METHODS.update({  # search over weights: `upslope randopt`, no gradients
     "randopt": Claim("randopt", "headroom", "eval/accuracy", "higher",
                      "RandOpt-style Gaussian weight perturbations with an evolution-strategies update",
                      command="randopt", baseline_command="train"),
     "corp": Claim("corp", "randopt", "eval/accuracy", "higher",  # its claim: above single-inference RandOpt
                   "Consolidating Rewarded Perturbations for LLM Post-Training (CoRP)", command="randopt"),
 })
-METHODS.update({  # hyperparameter search (issue 21, part 2): the sweep's best learning rate against the recipe's
+METHODS.update({  # hyperparameter search: the sweep's best learning rate against the recipe's
     "jf_hpo": Claim("headroom", "headroom", "eval/accuracy", "higher",
                     "Efficient Hyperparameter Optimization for LLM Reinforcement Learning (JF-HPO): multi-fidelity "
                     "search with early stopping and checkpoint reuse",
                     sweep=("--space", "optim.lr=5e-6,1e-5,2e-5,4e-5,8e-5,1.6e-4", "--budget", "6",
                            "--rungs", "{first_rung},{steps}", "--eta", "3", "--metric", "eval/accuracy")),
 })
-METHODS.update({  # token credit and weighting (issue 21, part A): each against GRPO on the headroom task
+METHODS.update({  # token credit and weighting: each against GRPO on the headroom task
     "ah_grpo": Claim("ah_grpo", "headroom", "eval/accuracy", "higher",
                      "Selective-Advantage Entropy-Adaptive Horizon GRPO (AH-GRPO)"),
     "sa_ah_grpo": Claim("sa_ah_grpo", "headroom", "eval/accuracy", "higher",

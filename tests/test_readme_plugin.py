@@ -20,7 +20,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def plugins_section() -> str:
     text = README.read_text()
-    return text[text.index("### Plugins"):]
+    start = text.index("## Plugins in five minutes")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def readme_example() -> tuple[str, str, list[str]]:

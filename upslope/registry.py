@@ -154,8 +154,8 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.shaping", "upslope.train.stages",
                    "upslope.agents")
 BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
-                    "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)
-BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # issue 21, part 2
+                    "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit
+BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # trees, decomposition
 BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
 BUILTIN_MODULES += ("upslope.logs.trackers",)  # experiment trackers (log.trackers)
 

@@ -1,4 +1,4 @@
-"""SocraticPO's environment (issue 21, part 2): the rule teacher's guidance and CATPO's critique by hand,
+"""SocraticPO's environment: the rule teacher's guidance and CATPO's critique by hand,
 and a real two-turn rollout (tiny model, HF engine) where every wrong first answer gets that guidance and a
 decayed reward."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DARTS filter against hand-computed cases (issue 21, part 2)."""
+"""The DARTS filter against hand-computed cases."""
 from __future__ import annotations
 
 import torch

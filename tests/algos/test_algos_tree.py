@@ -1,4 +1,4 @@
-"""TreeRPO's segment advantage and CATPO's tree weights (issue 21, part 2) against hand-computed trees,
+"""TreeRPO's segment advantage and CATPO's tree weights against hand-computed trees,
 plus two properties: without a tree it is GRPO, and in a balanced tree the segment credits along a leaf's
 path add up to the leaf's reward minus its group's mean."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Token-credit and confidence advantages (issue 21, part A) against hand computations: AH-GRPO and
+"""Token-credit and confidence advantages against hand computations: AH-GRPO and
 SA-AH-GRPO's cumulative-surprisal discount, RREDCoT's segment redistribution, GraphAE's propagation,
 ConSteer's shaped reward, ISPO's hinge and CoDaPO's bounded question weight; with property tests
 of their invariants (tied groups stay 0, weights bounded, credit conserved)."""

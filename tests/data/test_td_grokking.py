@@ -1,4 +1,4 @@
-"""TD-Grokking (issue 21, part 2): the arith decomposition by hand and as a property, the subproblems added
+"""TD-Grokking: the arith decomposition by hand and as a property, the subproblems added
 at set-up, and the sampler that queues them after an all-fail group (state through a checkpoint round trip)."""
 from __future__ import annotations
 

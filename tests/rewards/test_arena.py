@@ -1,4 +1,4 @@
-"""Reasoning Arena (issue 21, part 2): the Bradley-Terry fit and the relative reward by hand."""
+"""Reasoning Arena: the Bradley-Terry fit and the relative reward by hand."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""ESPO and DenoiseRL rollouts (issue 21, part 2): the stopping rule and the noisy prefix against
+"""ESPO and DenoiseRL rollouts: the stopping rule and the noisy prefix against
 hand-computed cases, then both rollouts on the real HF engine (tiny model, SmolLM2 tokenizer)."""
 from __future__ import annotations
 

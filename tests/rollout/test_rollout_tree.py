@@ -1,4 +1,4 @@
-"""TreeRPO / CATPO tree rollouts (issue 21, part 2): branch points and masks by hand, the tree on the real
+"""TreeRPO / CATPO tree rollouts: branch points and masks by hand, the tree on the real
 HF engine (tiny model, SmolLM2 tokenizer) and on vLLM (slow), CATPO's healing, and the policy gradient of a
 tree batch against the hand computation over its distinct nodes. The critique: tests/agents/test_socratic.py."""
 from __future__ import annotations

@@ -496,7 +496,7 @@ def _plain_run(argv: list[str], cwd: str, stdin: str, env: dict) -> tuple[int, s
 
 def run_naive(case: Case, bait: Bait) -> Seen:
     """The same attack with NO sandbox: a plain subprocess on the host, and for forgeries the
-    in-process token harness of upslope before issue 13. The detectors must fire here."""
+    in-process token harness upslope once used. The detectors must fire here."""
     from upslope.rewards.code import extract_code, solution_program
 
     marker = f"upslope-mark-{secrets.token_hex(6)}"

@@ -58,7 +58,7 @@ def test_hostile_program_is_contained(case, bait, spool):
 @pytest.mark.parametrize("case", NAIVE, ids=lambda c: c.id)
 def test_detector_fires_when_the_attack_runs_unsandboxed(case, bait):
     """The same program with no sandbox (forgeries: the in-process token harness upslope had
-    before issue 13) is caught by the case's own checks: the attack is real and the check can fail."""
+    earlier) is caught by the case's own checks: the attack is real and the check can fail."""
     _skip_missing(case)
     seen = run_naive(case, bait)
     fired = [c for c in case.checks if c not in ("status",) and detect(c, case, seen, bait)]
