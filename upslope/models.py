@@ -249,12 +249,28 @@ def _check_model_config(path: str) -> None:
         raise ModelError(f"{Path(path) / 'config.json'}: not a usable model config ({reason})") from None
 
 
-def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
-    """Tokenizer with a pad token and (optionally) a replacement chat template."""
-    from transformers import AutoTokenizer
+def check_remote_code(path: str, trust_remote_code: bool) -> None:
+    """A model directory whose config.json maps its classes to its own Python code (`auto_map`) loads only
+    with model.trust_remote_code=true: one line saying so (transformers' own message is a paragraph)."""
+    import json
 
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        auto_map = json.loads((Path(path) / "config.json").read_text()).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return
+    if auto_map and not trust_remote_code:
+        raise ModelError(f"{path}: this model runs its own code ({', '.join(sorted(set(map(str, auto_map.values()))))}); "
+                         f"set model.trust_remote_code=true if you trust it")
+
+
+def load_tokenizer(path: str, chat_template: str | None = None, trust_remote_code: bool = False) -> Any:
+    """Tokenizer with a pad token and (optionally) a replacement chat template; `trust_remote_code` lets a
+    model directory's own tokenizer code run (model.trust_remote_code)."""
+    from transformers import AutoTokenizer
+
+    check_remote_code(path, trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # missing/corrupt tokenizer files raise many types
         _check_model_config(path)  # the tokenizer reads config.json first: name that file when it is the fault
         raise ModelError(f"{path}: no usable tokenizer in this model directory ({_first_line(exc)})") from None
@@ -279,6 +295,7 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     learner rank that receives its weights from rank 0 (`upslope.dist.shard.shard_model`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    check_remote_code(path, trust_remote_code)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
         if empty:

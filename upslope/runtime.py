@@ -24,7 +24,7 @@ class Runtime:
     @classmethod
     def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
-        tok = load_tokenizer(path, cfg.model.chat_template)
+        tok = load_tokenizer(path, cfg.model.chat_template, cfg.model.trust_remote_code)
         from upslope.data.prompts import model_context
 
         fit_budgets(cfg, model_context(tok), announce)
@@ -70,7 +70,7 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any, announce: Any = p
     batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
     return make_engine(cfg.engine, model_path, tokenizer, cfg.model.dtype, max_len, kv_tokens=batch_tokens,
                        threads=engine_threads(cfg), device=learner_device(), announce=announce,
-                       dtype_chosen="engine.dtype" in cfg.auto_choices())
+                       dtype_chosen="engine.dtype" in cfg.auto_choices(), trust_remote_code=cfg.model.trust_remote_code)
 
 
 def reply_budget(cfg: Config) -> tuple[str, int]:

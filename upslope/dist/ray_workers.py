@@ -64,7 +64,7 @@ class RolloutWorker:
         self.worker = worker
         self.pad_id = pad_id
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, lambda *_: None)
-        self.tokenizer = load_tokenizer(path, cfg.model.chat_template)
+        self.tokenizer = load_tokenizer(path, cfg.model.chat_template, cfg.model.trust_remote_code)
         self.engine = build_engine(cfg, path, self.tokenizer)
         self.rollout = make_rollout(cfg, self.tokenizer)
         self.version = 0

@@ -33,6 +33,7 @@ class EngineContext:
     kv_tokens: int = 0  # tokens of one rollout batch (sizes vLLM's CPU KV cache)
     threads: int = 0  # > 0: a fixed thread count; 0: fitted to the free cores before each generation
     device: str = "cpu"  # the learner's device: an engine that can runs there (colocated)
+    trust_remote_code: bool = False  # model.trust_remote_code: the model directory's own code may run
 
 
 def is_available(entry: Entry[Any]) -> bool:
@@ -91,7 +92,7 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
 
 def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
                 kv_tokens: int = 0, threads: int = 0, device: str = "cpu", announce: Any = print,
-                dtype_chosen: bool = False) -> Engine:
+                dtype_chosen: bool = False, trust_remote_code: bool = False) -> Engine:
     """The configured engine, built by its registered builder with `engine.options`; `kv_tokens` (one
     rollout batch's tokens) sizes vLLM's CPU KV cache unless engine.kv_cache_gb is set; `threads` > 0
     fixes the thread count, 0 fits it to the free cores before each generation. An engine that cannot
@@ -100,7 +101,8 @@ def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype:
     picked by auto for the first engine); a name set explicitly stops there, in one line."""
     name = engine_name(cfg)
     build = ENGINES.bind(name, cfg.options, where="engine.options")
-    ctx = EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device)
+    ctx = EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device,
+                        trust_remote_code)
     try:
         return build(cfg, ctx)
     except EngineUnavailable as exc:

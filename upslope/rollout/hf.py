@@ -21,11 +21,12 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", batch_size: int = 64,
-                 threads: int = 0, device: str = "cpu"):
+                 threads: int = 0, device: str = "cpu", trust_remote_code: bool = False):
         from upslope.models import load_model
 
         self.device = str(device)
-        self.model = load_model(model_path, dtype, attn_implementation=attention_for(self.device)).to(self.device).eval()
+        self.model = load_model(model_path, dtype, trust_remote_code,
+                                attn_implementation=attention_for(self.device)).to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.pad_id = tokenizer.pad_token_id
@@ -88,4 +89,5 @@ class HFEngine(Engine):
 def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
     return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
-                    batch_size=cfg.hf_batch_size, threads=ctx.threads, device=ctx.device)
+                    batch_size=cfg.hf_batch_size, threads=ctx.threads, device=ctx.device,
+                    trust_remote_code=ctx.trust_remote_code)

@@ -39,8 +39,9 @@ class PagedEngine(HFEngine):
 
     def __init__(self, model_path: str, tokenizer: Any, dtype: str = "float32", threads: int = 0,
                  device: str = "cpu", max_batch_tokens: int = 0, memory_fraction: float = 0.9,
-                 cuda_graphs: bool = True):
-        super().__init__(model_path, tokenizer, dtype=dtype, threads=threads, device=device)
+                 cuda_graphs: bool = True, trust_remote_code: bool = False):
+        super().__init__(model_path, tokenizer, dtype=dtype, threads=threads, device=device,
+                         trust_remote_code=trust_remote_code)
         on_gpu = self.device.startswith("cuda")
         self.max_batch_tokens = max_batch_tokens or (8192 if on_gpu else 1024)
         self.memory_fraction = memory_fraction
@@ -112,4 +113,4 @@ def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: C
     """
     return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
                        threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
-                       memory_fraction=memory_fraction, cuda_graphs=cuda_graphs)
+                       memory_fraction=memory_fraction, cuda_graphs=cuda_graphs, trust_remote_code=ctx.trust_remote_code)

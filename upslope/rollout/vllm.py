@@ -62,7 +62,7 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
                  max_model_len: int = 2048, seed: int = 0, threads: int = 0, tensor_parallel_size: int = 1,
-                 sleep_mode: bool = True):
+                 sleep_mode: bool = True, trust_remote_code: bool = False):
         configure_vllm_env()
         self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
         from vllm import LLM
@@ -72,6 +72,7 @@ class VLLMEngine(Engine):
         kwargs: dict[str, Any] = dict(
             model=model_path, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
+            trust_remote_code=trust_remote_code,
             enable_prefix_caching=True, use_tqdm_on_load=False,  # no third-party bar in upslope's output
         )
         on_gpu = not _cpu_only()
@@ -83,7 +84,7 @@ class VLLMEngine(Engine):
                           enable_sleep_mode=self.sleep_mode)
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-        self.to_checkpoint = CheckpointLayout(model_path)
+        self.to_checkpoint = CheckpointLayout(model_path, trust_remote_code)
         threads = torch.get_num_threads()
         from upslope.logs.quiet import VLLM_START_NOISE, filtered_stderr
 
@@ -173,7 +174,7 @@ class CheckpointLayout:
     conversion is transformers' own (the one `save_pretrained` reverses), one tensor at a time, on an
     empty copy of the architecture (no weights)."""
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, trust_remote_code: bool = False):
         from upslope.models import load_model
 
         try:
@@ -182,7 +183,7 @@ class CheckpointLayout:
             self.revert = None
             return
         self.revert = revert_weight_conversion
-        self.model = load_model(model_path, empty=True)
+        self.model = load_model(model_path, trust_remote_code=trust_remote_code, empty=True)
 
     def __call__(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """`name`'s tensor as one or more checkpoint tensors."""
@@ -261,7 +262,8 @@ def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
         return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager,
                           kv_cache_gb=kv_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           max_num_seqs=cfg.max_num_seqs, max_model_len=max_len, seed=cfg.seed, threads=ctx.threads,
-                          tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode)
+                          tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode,
+                          trust_remote_code=ctx.trust_remote_code)
     except Exception as exc:  # vLLM raises many types when it cannot start (config, memory, kernels)
         raise EngineUnavailable(f"vLLM could not start on this model ({_start_failure(exc)})") from exc
 
