@@ -291,7 +291,7 @@ def part_fsdp(p: Part) -> None:
     import torch.distributed as dist
 
     from upslope.config import load_config
-    from upslope.dist import shard
+    from upslope.distributed import shard
     from upslope.models import load_model, make_tiny_model
     from upslope.train.learner.logprobs import token_scores
 

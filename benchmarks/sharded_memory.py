@@ -23,8 +23,8 @@ import torch
 
 from upslope.batch import Batch, build_batch
 from upslope.config import load_config
-from upslope.dist import group
-from upslope.dist.shard import plain
+from upslope.distributed import group
+from upslope.distributed.shard import plain
 from upslope.models import resolve_model
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.learner.updater import Updater

@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 def train(config: Any = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train with a Config or a recipe path (see `upslope.config`); returns before/after eval."""
-    from upslope.train.api import train as _train
+    from upslope.api import train as _train
 
     return _train(config, overrides)
 

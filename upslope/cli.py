@@ -152,13 +152,13 @@ def _dispatch(command: str, rest: list[str]) -> int:
         cfg = load_config(recipe, overrides)
         check_run_dir(Path(cfg.run_dir), resuming=True)
         return run_eval_command(cfg)
-    from upslope.train.api import TRAINERS
+    from upslope.api import TRAINERS
 
     if command in TRAINERS:
         recipe, overrides = _split_args(rest)
         cfg = load_config(recipe, overrides)
         check_run_dir(Path(cfg.run_dir), resuming=bool(cfg.train.resume))
-        from upslope.dist.launch import launch
+        from upslope.launch import launch
 
         return launch(command, cfg, recipe, overrides)
     if command == "export":

@@ -6,14 +6,14 @@ from __future__ import annotations
 import sys
 
 from upslope.config import Config, load_config
-from upslope.dist import group
-from upslope.dist.shard import check_combination
+from upslope.distributed import group
+from upslope.distributed.shard import check_combination
 from upslope.errors import ConfigError, UpslopeError
 
 
 def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
     """One spawned rank: the trainer on the same config; an UpslopeError is one line (from rank 0) and exit 2."""
-    from upslope.train.api import run_trainer
+    from upslope.api import run_trainer
 
     try:
         run_trainer(command, load_config(recipe, overrides))
@@ -26,7 +26,7 @@ def _rank(command: str, recipe: str | None, overrides: list[str]) -> None:
 def launch(command: str, cfg: Config, recipe: str | None, overrides: list[str]) -> int:
     """Run `command` on `cfg` with its learner across `dist.learner_procs` processes; the exit status."""
     from upslope.models import resolve_model
-    from upslope.train.api import run_trainer
+    from upslope.api import run_trainer
     from upslope.train.learner.updater import default_device
 
     procs, env = cfg.dist.learner_procs, group.env_world_size()

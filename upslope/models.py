@@ -274,7 +274,7 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
                attn_implementation: str | None = None, empty: bool = False) -> Any:
     """The causal LM at `path` in `dtype`. With `empty` only its architecture: parameters on the
     meta device (no weight file is read), buffers computed as usual, tied weights tied; for a
-    learner rank that receives its weights from rank 0 (`upslope.dist.shard.shard_model`)."""
+    learner rank that receives its weights from rank 0 (`upslope.distributed.shard.shard_model`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}

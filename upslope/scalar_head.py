@@ -19,7 +19,7 @@ class ScalarHeadModel(torch.nn.Module):
     """`net`: an HF `...ForSequenceClassification` with `num_labels=1` whose head is `net.score`."""
 
     # its forwards: an FSDP-sharded root gathers its own weights (embeddings, final norm, head) only
-    # around a registered forward method (`upslope.dist.shard.shard_model`)
+    # around a registered forward method (`upslope.distributed.shard.shard_model`)
     forward_methods = ("token_values",)
 
     def __init__(self, net: Any):

@@ -10,6 +10,7 @@ import torch
 
 from upslope.algos.aggregate import loss_normalizers
 from upslope.algos.advantages import grpo
+from upslope.algos.kl import kl_penalty_in_reward
 from upslope.config import load_config
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective
@@ -92,8 +93,8 @@ def test_kl_in_the_reward_and_advantages_skip_environment_tokens(scored, learner
     env = env_positions(scored)
     noisy = env.float() * 5.0
     base = replace(scored, old_logprobs=scored.sampler_logprobs)
-    a, kl_a = stages.kl_penalty_in_reward(base, objective.kl_fn, 0.1)
-    b, kl_b = stages.kl_penalty_in_reward(replace(base, old_logprobs=base.old_logprobs + noisy,
+    a, kl_a = kl_penalty_in_reward(base, objective.kl_fn, 0.1)
+    b, kl_b = kl_penalty_in_reward(replace(base, old_logprobs=base.old_logprobs + noisy,
                                                   ref_logprobs=base.ref_logprobs - noisy), objective.kl_fn, 0.1)
     assert torch.equal(a.rewards, b.rewards) and torch.equal(a.token_rewards, b.token_rewards) and kl_a == kl_b
     assert (a.token_rewards[env] == 0).all()

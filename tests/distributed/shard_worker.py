@@ -14,8 +14,8 @@ from batch_helpers import grouped_rl_batch
 
 from upslope.batch import Batch
 from upslope.config import Config, load_config
-from upslope.dist import group
-from upslope.dist.shard import plain
+from upslope.distributed import group
+from upslope.distributed.shard import plain
 from upslope.train.learner.objectives import Objective, RLObjective, SupervisedObjective
 from upslope.train.learner.updater import Updater
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from upslope.config import load_config
-from upslope.dist.shard import check_combination
+from upslope.distributed.shard import check_combination
 from upslope.errors import ConfigError
 
 CPU = torch.device("cpu")

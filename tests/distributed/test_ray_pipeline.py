@@ -234,7 +234,7 @@ def test_partial_discard_regenerates_the_jobs_in_flight_at_a_push(ray_cluster, t
 def test_weights_reach_a_worker_as_read_only_arrays_in_the_object_store(ray_cluster):
     """What set_weights receives: the object store's buffers themselves (read-only numpy, no copy),
     which unpack to the pushed tensors exactly."""
-    from upslope.dist.ray_workers import pack_weights, put_weights, unpack_weights
+    from upslope.distributed.ray_workers import pack_weights, put_weights, unpack_weights
 
     state = {"a": torch.randn(64, 32), "b": torch.randn(8).to(torch.bfloat16)}
 

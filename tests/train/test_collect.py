@@ -16,7 +16,8 @@ from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
 from upslope.train import stages
-from upslope.train.collect import Task, collect, rollout_fn
+from upslope.rollout.plugin import rollout_fn
+from upslope.train.collect import Task, collect
 from upslope.train.timing import StageClock, throughput
 
 TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"

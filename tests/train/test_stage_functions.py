@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from upslope.algos.kl import kl_penalty_in_reward
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.registry import ADVANTAGES, FILTERS, KL_ESTIMATORS
@@ -50,7 +51,7 @@ def test_kl_penalty_in_reward_by_hand():
     b = batch_of([1.0, 0.0], [0, 0], [2, 1])
     b.old_logprobs = torch.tensor([[0.0, -1.0, -2.0], [0.0, -1.0, 0.0]])
     b.ref_logprobs = torch.tensor([[0.0, -1.2, -1.9], [0.0, -1.3, 0.0]])
-    out, kl = stages.kl_penalty_in_reward(b, KL_ESTIMATORS.bind("k1"), 0.5)
+    out, kl = kl_penalty_in_reward(b, KL_ESTIMATORS.bind("k1"), 0.5)
     assert out.rewards.tolist() == pytest.approx([1.0 - 0.5 * 0.1, 0.0 - 0.5 * 0.3])
     # the outcome reward sits on the last trained token; every trained token pays beta * its KL
     assert out.token_rewards.tolist() == [pytest.approx([0.0, -0.1, 1.0 + 0.05]), pytest.approx([0.0, -0.15, 0.0])]

@@ -270,4 +270,4 @@ def multi_turn_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples
                        params: SamplingParams, pad_id: int, group_offset: int = 0) -> Batch:
     """Multi-turn trajectories with tools and an environment (options: the agent section); env tokens masked."""
     raise UpslopeError("rollout.kind=multi_turn needs the run's agent section: get it with "
-                       "upslope.train.collect.make_rollout(cfg, tokenizer)")
+                       "upslope.rollout.plugin.make_rollout(cfg, tokenizer)")

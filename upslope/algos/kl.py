@@ -11,11 +11,14 @@ log-ratio never yields a non-finite value or gradient (k3 = e^20 ~ 4.9e8 at the 
 without it k3 overflows to inf past x ~ -88 in float32). Beyond the bound the gradient is 0.
 """
 import math
+from dataclasses import replace
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio
+from upslope.algos.common import clamp_log_ratio, last_token_rewards
+from upslope.batch import Batch
 from upslope.bounds import Positive
 from upslope.errors import ConfigError
 from upslope.registry import KL_ESTIMATORS
@@ -60,6 +63,18 @@ def kl_in_reward(token_rewards: Tensor, kl: Tensor, beta: float, mask: Tensor) -
     """token_rewards - beta * kl on mask > 0 tokens (KL as a per-token reward penalty, PPO-RLHF style)."""
     penalty = torch.where(mask > 0, beta * kl.detach(), torch.zeros_like(kl))
     return token_rewards - penalty
+
+
+def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta: float) -> tuple[Batch, float]:
+    """Fold -beta * KL(policy || reference) into the rewards: per token (token_rewards, for
+    token-level estimators such as GAE) and summed per sequence (rewards, for group ones)."""
+    assert batch.rewards is not None and batch.ref_logprobs is not None and batch.old_logprobs is not None
+    kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
+    base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
+                                                                                          batch.loss_mask)
+    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
+                  rewards=batch.rewards - beta * kl.sum(1))
+    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
 
 
 class FixedKLController:

@@ -51,7 +51,7 @@ class RolloutWorker:
     def __init__(self, cfg: Config, worker: int, pad_id: int, cores: list[int] | None = None, nice: int = 0):
         from upslope.models import load_tokenizer, resolve_model
         from upslope.runtime import build_engine
-        from upslope.train.collect import make_rollout
+        from upslope.rollout.plugin import make_rollout
 
         if cores:
             os.sched_setaffinity(0, cores)

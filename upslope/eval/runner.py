@@ -22,7 +22,8 @@ from upslope.rewards import build_reward_fns, check_answers, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Task, collect, make_rollout
+from upslope.rollout.plugin import make_rollout
+from upslope.train.collect import Task, collect
 from upslope.train.stages import meta_metrics
 from upslope.train.timing import StageClock
 

@@ -1,5 +1,5 @@
 """Rollout-shaping plugins (issue 21, part 2): rollouts that stop, or restart, a sampled completion.
-Each wraps the engine's plain `generate`; the batch is built by `stages.groups_to_batch`."""
+Each wraps the engine's plain `generate`; the batch is built by `groups_to_batch`."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ from upslope.bounds import Count, Fraction
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import Completion, Engine, SamplingParams
-from upslope.train.stages import groups_to_batch
+from upslope.rollout.plugin import groups_to_batch
 
 
 def espo_stop(logprobs: Sequence[float], mu: float, sd: float, *, margin: float, min_tokens: int) -> int | None:

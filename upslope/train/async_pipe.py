@@ -17,7 +17,7 @@ import torch
 
 from upslope.batch import Batch, concat
 from upslope.config import Config
-from upslope.dist.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
+from upslope.distributed.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
 from upslope.rollout.base import SamplingParams
 from upslope.train.collect import Task
 

@@ -10,9 +10,9 @@ import torch
 
 from upslope.batch import Batch, concat, in_group_order
 from upslope.data.types import Example
-from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn
 from upslope.rollout.base import Engine, SamplingParams
+from upslope.rollout.plugin import RolloutFn
 from upslope.train import stages
 from upslope.train.timing import StageClock
 
@@ -46,27 +46,6 @@ class Collected:
         return len(self.indices)
 
 
-def rollout_fn(kind: str) -> stages.RolloutFn:
-    """The rollout plugin named by `rollout.kind` (unknown names: one ConfigError line)."""
-    return ROLLOUTS.get(kind, "rollout.kind").fn
-
-
-def make_rollout(cfg: Any, tokenizer: Any, evaluation: bool = False) -> stages.RolloutFn:
-    """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer, evaluation)` (e.g. multi_turn,
-    which needs the agent section) is built by it; a plain one is bound to `rollout.options`. For `evaluation`,
-    a plugin registered `train_only` (a training-time shaping of the samples: tree branching, noisy
-    prefixes, early stops) gives way to plain sampling, and a setup plugin drops its training-time help
-    (multi_turn: no guidance hints), so the held-out score is the policy's own."""
-    entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
-    if evaluation and entry.attrs.get("train_only"):
-        return ROLLOUTS.bind("single_turn", {}, "rollout.options")
-    setup = entry.attrs.get("setup")
-    if setup is not None:
-        ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")  # its options are checked all the same
-        return setup(cfg, tokenizer, evaluation)
-    return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
-
-
 PiecesFn = Callable[..., Iterable[Batch]]  # a RolloutFn's arguments -> the round's groups, a piece at a time
 
 
@@ -80,7 +59,7 @@ def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Bat
 
 def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
             pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
-            keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
+            keep: Callable[[Batch], Batch] | None = None, rollout: RolloutFn = stages.rollout,
             clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False,
             pieces: PiecesFn | None = None, on_kept: Callable[[Batch], None] | None = None) -> Collected:
     """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
@@ -168,7 +147,7 @@ def joined(pieces: PiecesFn, pad_id: int) -> PiecesFn:
     return whole
 
 
-def whole_round(rollout: stages.RolloutFn) -> PiecesFn:
+def whole_round(rollout: RolloutFn) -> PiecesFn:
     """A rollout as the pieces of a round: one piece, the whole round, generated when it is asked for."""
     def pieces(*args: Any, **kwargs: Any) -> Iterator[Batch]:
         yield rollout(*args, **kwargs)

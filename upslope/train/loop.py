@@ -20,7 +20,7 @@ from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.errors import ConfigError
-from upslope.dist import group
+from upslope.distributed import group
 from upslope.eval.runner import eval_data_config, evaluate
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
@@ -29,7 +29,8 @@ from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns, check_answers
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
+from upslope.rollout.plugin import make_rollout, rollout_fn
+from upslope.train.collect import Collected, Task, collect
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
 from upslope.train.timing import StageClock, gpu_peak_gib, throughput

@@ -7,16 +7,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from upslope.batch import Batch, build_batch
+from upslope.batch import Batch
 from upslope.data.types import Example
 from upslope.errors import UpslopeError
 from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
 from upslope.rewards.placement import placed_token_rewards
 from upslope.rollout.base import Engine, SamplingParams
-
-RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
-
+from upslope.rollout.plugin import groups_to_batch
 
 @ROLLOUTS.register("single_turn")
 def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
@@ -24,28 +22,6 @@ def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[
     """n completions per prompt through the engine, as a Batch (one group per prompt)."""
     return groups_to_batch(prompt_ids, examples, engine.generate(list(prompt_ids), params), params, pad_id,
                            engine.version, group_offset)
-
-
-def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example], groups: Sequence[Sequence[Any]],
-                    params: SamplingParams, pad_id: int, version: int, group_offset: int = 0,
-                    extra: Sequence[dict[str, Any]] | None = None,
-                    loss_masks: Sequence[list[int]] | None = None) -> Batch:
-    """The engine's completions (one list per prompt) as a Batch; `extra` adds meta per completion (in
-    order) and `loss_masks` marks completion tokens not to train on (e.g. a forced prefix)."""
-    p_ids, c_ids, c_lps, gids, trunc, meta = [], [], [], [], [], []
-    for g, (prompt, ex, comps) in enumerate(zip(prompt_ids, examples, groups)):
-        for c in comps:
-            p_ids.append(prompt)
-            c_ids.append(c.token_ids)
-            c_lps.append(c.logprobs)
-            gids.append(group_offset + g)
-            trunc.append(c.truncated)
-            meta.append({**ex.meta, "answer": ex.answer, "prompt": ex.prompt, "completion": c.text,
-                         "example_id": ex.id, "completion_tokens": len(c.token_ids),
-                         "max_new_tokens": params.max_new_tokens, "finish_reason": c.finish_reason})
-    if extra is not None:
-        meta = [{**m, **e} for m, e in zip(meta, extra)]
-    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks)
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
@@ -99,21 +75,6 @@ def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor
     for f in filters:
         keep &= f(batch)
     return batch if bool(keep.all()) else batch.select(torch.nonzero(keep).flatten())
-
-
-def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta: float) -> tuple[Batch, float]:
-    """Fold -beta * KL(policy || reference) into the rewards: per token (token_rewards, for
-    token-level estimators such as GAE) and summed per sequence (rewards, for group ones)."""
-    from upslope.algos.common import last_token_rewards
-    from upslope.algos.kl import kl_in_reward
-
-    assert batch.rewards is not None and batch.ref_logprobs is not None and batch.old_logprobs is not None
-    kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
-    base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
-                                                                                          batch.loss_mask)
-    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
-                  rewards=batch.rewards - beta * kl.sum(1))
-    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
 
 
 def mask_truncated(batch: Batch) -> Batch:

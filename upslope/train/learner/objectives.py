@@ -12,12 +12,12 @@ import torch
 from upslope.algos.aggregate import aggregate, normalizer
 from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio
 from upslope.algos.correction import importance_correction
-from upslope.algos.kl import AdaptiveKLController, FixedKLController
+from upslope.algos.preference import bradley_terry_loss
+from upslope.algos.kl import AdaptiveKLController, FixedKLController, kl_penalty_in_reward
 from upslope.algos.trust import DualController, discrepancy, proxy_parts
 from upslope.batch import Batch
 from upslope.config import AlgoConfig, TrainConfig
 from upslope.registry import KL_ESTIMATORS, POLICY_LOSSES
-from upslope.train import stages
 
 if TYPE_CHECKING:
     from upslope.train.learner.updater import Updater
@@ -113,7 +113,7 @@ class PairRecords:
 
     def all(self) -> list[Any]:
         """Every rank's records (this process's alone in one process)."""
-        from upslope.dist import group
+        from upslope.distributed import group
 
         return group.gather_lists(self.items)
 
@@ -202,7 +202,7 @@ class RLObjective(Objective):
         if self.algo.kl_in != "reward":
             return batch, None
         batch = replace(batch, old_logprobs=self.updater.logprobs(batch, temperature=self.temperature))
-        return stages.kl_penalty_in_reward(batch, self.kl_fn, self.kl_ctl.value)
+        return kl_penalty_in_reward(batch, self.kl_fn, self.kl_ctl.value)
 
     def after_update(self, kl: float, samples: int, discrepancy: float | None = None) -> Metrics:
         """The KL coefficient and DCMDP multiplier this step used; then adaptive KL moves the
@@ -413,7 +413,7 @@ class PreferenceObjective(Objective):
 
 
 class ScalarObjective(Objective):
-    """An objective over a scalar-head model (`upslope.train.learner.scalar`): the head's
+    """An objective over a scalar-head model (`upslope.scalar_head`): the head's
     outputs under the updater's precision go to `scalar_loss`; there are no log-probs."""
 
     def micro_step(self, updater: "Updater", mb: Batch, norms: Metrics) -> tuple[torch.Tensor, Metrics, float | None]:
@@ -461,13 +461,6 @@ class ValueObjective(ScalarObjective):
         return loss, {"clip_frac": clipped / max(float(mb.loss_mask.sum()), 1.0)}
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
-                       margin: float | torch.Tensor = 0.0) -> torch.Tensor:
-    """[pairs] -log sigmoid(r_chosen - r_rejected - margin): the Bradley-Terry negative log-likelihood
-    that the chosen reply wins, with a margin it must win by."""
-    return -torch.nn.functional.logsigmoid(chosen - rejected - margin)
-
-
 class BradleyTerryObjective(ScalarObjective):
     """Reward-model training on pair rows (a group of two: chosen and rejected, the higher
     `rewards` value is the chosen one): the mean Bradley-Terry loss over the mini-batch's pairs.
@@ -496,7 +489,7 @@ class BradleyTerryObjective(ScalarObjective):
         chosen, rejected = pair_rows(mb.group_ids.cpu(), mb.rewards.cpu())
         rc, rr = out[chosen.to(out.device)], out[rejected.to(out.device)]
         self.seen.add((rc.detach().cpu(), rr.detach().cpu()))
-        loss = bradley_terry_loss(rc, rr, self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
+        loss = bradley_terry_loss(rc - rr - self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
         return loss, {}
 
     def finish(self, batch: Batch) -> Metrics:

@@ -15,8 +15,8 @@ from upslope import lora
 from upslope.algos.aggregate import loss_normalizers
 from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config, DistConfig, LoraConfig, ModelConfig, OptimConfig, TrainConfig
-from upslope.dist import group, shard
-from upslope.dist.balance import assign_by_tokens
+from upslope.distributed import group, shard
+from upslope.distributed.balance import assign_by_tokens
 from upslope.models import load_model
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
@@ -66,7 +66,7 @@ class Tally:
 class Updater:
     """Model + optimiser + schedule, and the one update loop every objective shares. The model
     is the policy (a causal LM) unless `loader` builds another (e.g. a scalar-head model for a
-    critic or a reward model, see `upslope.train.learner.scalar`)."""
+    critic or a reward model, see `upslope.scalar_head`)."""
 
     def __init__(self, model_path: str, model: ModelConfig, train: TrainConfig, optim: OptimConfig,
                  lora_cfg: LoraConfig, device: str | torch.device | None = None, loader: ModelLoader = causal_lm,
@@ -340,19 +340,19 @@ class Updater:
 
     def save_sharded(self, path: Path) -> None:
         """Every rank: the weights and optimiser state as DCP shards under `path`, loadable on any number of ranks."""
-        from upslope.dist.checkpoint import save_sharded
+        from upslope.distributed.checkpoint import save_sharded
 
         save_sharded(path, self.model, self.optimizer)
 
     def load_sharded(self, path: Path) -> None:
         """Every rank: restore what `save_sharded` wrote, whatever number of ranks wrote it."""
-        from upslope.dist.checkpoint import load_sharded
+        from upslope.distributed.checkpoint import load_sharded
 
         load_sharded(path, self.model, self.optimizer)
 
     def load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         """Every rank: a one-process checkpoint's weights and optimiser state, each rank keeping its shards."""
-        from upslope.dist.checkpoint import load_full
+        from upslope.distributed.checkpoint import load_full
 
         load_full(self.model, self.optimizer, weights, optimizer_state)
 
@@ -365,7 +365,7 @@ class Updater:
         if self.lora_cfg.enabled:
             adapter = ((n, shard.plain(p.detach()).cpu()) for n, p in self.model.named_parameters() if p.requires_grad)
             return {n: t for n, t in adapter if group.is_main()}
-        from upslope.dist.checkpoint import gathered_weights
+        from upslope.distributed.checkpoint import gathered_weights
 
         return gathered_weights(self.model)
 

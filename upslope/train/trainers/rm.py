@@ -1,6 +1,6 @@
 """`upslope rm`: reward-model training on the shared loop.
 
-The reward model is a scalar head on a causal LM (`upslope.train.learner.scalar`) trained by
+The reward model is a scalar head on a causal LM (`upslope.scalar_head`) trained by
 its own `Updater` with the Bradley-Terry objective. Pairs come from a file (rm.source=dataset,
 the formats of `upslope dpo`) or from the policy's own samples (rm.source=on_policy):
 rollout.n completions per prompt through the engine, scored by the configured (verifiable)
@@ -25,7 +25,7 @@ from upslope.logs.plot import plot_curves
 from upslope.logs.sinks import read_metrics
 from upslope.models import load_tokenizer, resolve_model
 from upslope.train.learner.objectives import BradleyTerryObjective, pair_metrics
-from upslope.train.learner.scalar import score_rows, scalar_loader, tokenizer_difference
+from upslope.scalar_head import score_rows, scalar_loader, tokenizer_difference
 from upslope.train.collect import Task
 from upslope.train.learner.updater import Updater
 from upslope.train.loop import BaseTrainer, seed_step
