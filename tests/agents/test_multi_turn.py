@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from upslope.agents import AgentRun, multi_turn
+from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.config import AgentConfig, Plugin, RewardSpec
 from upslope.data.tasks import arith
 from upslope.registry import REWARD_COMBINERS

@@ -126,7 +126,7 @@ def test_worker_killed_is_restarted_and_no_step_is_lost(ray_cluster, tiny_model_
     assert killed, "the worker was never seen generating"
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2, 3, 4]
-    assert r[-1]["pipeline/restarts"] == 1 and trainer.pipe is None
+    assert r[-1]["pipeline/restarts"] == 1 and trainer.source is None
     err = capsys.readouterr().err
     assert "rollout worker 0 died" in err
     # stale samples left uncorrected by choice: the RL trainer warns once it has workers (rich wraps the

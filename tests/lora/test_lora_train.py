@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from upslope import lora
+from upslope.rollout.single_turn import single_turn
 from upslope.cli import main
 from upslope.config import load_config
 from upslope.data.types import Example
@@ -149,13 +150,13 @@ def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=1)
     pad = tokenizer.pad_token_id
     with restore_weights(engine):
-        batch = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
+        batch = single_turn(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
         batch.rewards = torch.tensor([len(m["completion"]) / 10.0 for m in batch.meta])
         batch = stages.advantage(batch, ADVANTAGES.bind("grpo"))
         learner.update(batch, 1, objective)
 
         def gap() -> float:
-            b = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
+            b = single_turn(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
             return float(((learner.logprobs(b, temperature=1.0) - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
 
         stale = gap()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from upslope.rollout.single_turn import single_turn
 from upslope.data.types import Example
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import RewardFn
@@ -42,7 +43,7 @@ def test_espo_rollout_stops_and_fails_on_the_real_engine(hf_engine, encode_chat)
     the text scores; margin 1e9 stops none and equals the plain rollout with the same seed."""
     prompts, examples = _examples(encode_chat)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, seed=3, stop_token_ids=[2])
-    plain = stages.rollout(hf_engine, prompts, examples, params, pad_id=2)
+    plain = single_turn(hf_engine, prompts, examples, params, pad_id=2)
     never = ROLLOUTS.bind("espo", {"margin": 1e9})(hf_engine, prompts, examples, params, 2)
     assert torch.equal(never.input_ids, plain.input_ids) and all("reward_override" not in m for m in never.meta)
     always = ROLLOUTS.bind("espo", {"margin": -1e9, "min_tokens": 2, "fail_reward": -1.0})(
@@ -74,7 +75,7 @@ def test_denoise_rollout_restarts_from_an_untrained_prefix(hf_engine, encode_cha
     unchanged tokens); the prefix has loss_mask 0 and sampler log-prob 0, the continuation is trained."""
     prompts, examples = _examples(encode_chat)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=5, stop_token_ids=[2])
-    plain = stages.rollout(hf_engine, prompts, examples, params, pad_id=2)
+    plain = single_turn(hf_engine, prompts, examples, params, pad_id=2)
     b = ROLLOUTS.bind("denoise", {"share": 0.5, "prefix_frac": 0.5, "noise": 0.0})(
         hf_engine, prompts, examples, params, 2)
     assert b.group_ids.tolist() == [0] * 4 + [1] * 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from upslope.rollout.single_turn import single_turn
 from upslope.algos.kl import kl_penalty_in_reward
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
@@ -96,8 +97,8 @@ def test_rollout_stage_on_the_real_engine(hf_engine, encode_chat):
     questions = ["What is 2 + 2?", "Name a colour."]
     prompts = encode_chat(questions)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=7, stop_token_ids=[2])
-    b = stages.rollout(hf_engine, prompts, [Example(prompt=q, answer=str(i)) for i, q in enumerate(questions)],
-                       params, pad_id=2, group_offset=10)
+    b = single_turn(hf_engine, prompts, [Example(prompt=q, answer=str(i)) for i, q in enumerate(questions)],
+                    params, pad_id=2, group_offset=10)
     assert b.size == 6 and b.group_ids.tolist() == [10, 10, 10, 11, 11, 11]
     for i in range(b.size):
         p, s = int(b.prompt_lens[i]), int(b.seq_lens[i])

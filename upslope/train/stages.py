@@ -1,5 +1,6 @@
-"""The stages of one training step, each a plain function over the Batch:
-rollout -> reward -> filter -> advantage. (The update and weight sync live in the learner.)"""
+"""The stages of one training step after the rollout, each a plain function over the Batch:
+reward -> filter -> (overlong mask, advantage) -> metrics. (The rollout plugins live in
+`upslope.rollout`; the update and the weight sync in the learner.)"""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,20 +9,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from upslope.batch import Batch
-from upslope.data.types import Example
 from upslope.errors import UpslopeError
-from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
 from upslope.rewards.placement import placed_token_rewards
-from upslope.rollout.base import Engine, SamplingParams
-from upslope.rollout.plugin import groups_to_batch
-
-@ROLLOUTS.register("single_turn")
-def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
-            pad_id: int, group_offset: int = 0) -> Batch:
-    """n completions per prompt through the engine, as a Batch (one group per prompt)."""
-    return groups_to_batch(prompt_ids, examples, engine.generate(list(prompt_ids), params), params, pad_id,
-                           engine.version, group_offset)
 
 
 def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],

@@ -3,6 +3,7 @@ collect (rollout -> reward -> filter) -> prepare (overlong mask, reference and K
 advantages) -> update with the RL objective -> weight sync."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,13 @@ from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
-from upslope.train.async_pipe import staleness_warning
+from upslope.train.collect import Rounds
 from upslope.train.learner.objectives import RLObjective, several_passes
 from upslope.train.learner.stream import Prepared, StreamedUpdate
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
+from upslope.train.pipeline import staleness_warning
+from upslope.train.sources import BatchSource, WeightSink
 
 
 def advantage_metrics(batch: Batch) -> dict[str, float]:
@@ -122,6 +126,10 @@ class Trainer(BaseTrainer):
         replay = cfg.algo.replay
         self.replay = REPLAY.bind(replay.name, replay.options, where="algo.replay.options")() if replay else None
         self.warned_reply_cut = False
+        r = cfg.rollout
+        self.rounds = Rounds(want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
+                             merge_repeats=self.merge_repeats)
+        self.keep = functools.partial(stages.apply_filters, filters=self.filters)
 
     def setup_objective(self) -> None:
         self.objective = RLObjective.from_config(self.cfg, self.updater)
@@ -152,22 +160,22 @@ class Trainer(BaseTrainer):
 
     # ------------------------------------------------------------------ stages wired
 
-    def start_pipe(self) -> Any:
-        """The rollout workers; says whether the update streams, and warns when stale samples would go
-        uncorrected (this method's loss is the one that reads algo.correction)."""
-        pipe = super().start_pipe()
-        if pipe is not None:
+    def open_rollouts(self) -> tuple[BatchSource | None, WeightSink | None]:
+        """The batch source and sink; with the Ray workers, says whether the update streams, and warns when
+        stale samples would go uncorrected (this method's loss is the one that reads algo.correction)."""
+        source, sink = super().open_rollouts()
+        if source is not None and source.streams:
             why = stream_blocker(self.cfg, self.sampler)
             self.report.note("pipeline: the learner forwards groups as they arrive (pipeline.stream)" if why is None
                              else f"pipeline: the learner waits for each whole batch: {why}")
             if (note := staleness_warning(self.cfg)) is not None:
                 self.report.warn(note)
-        return pipe
+        return source, sink
 
     def stream_for(self, step: int) -> StreamedUpdate | None:
         """The streamed update of this step's batch, when the Ray workers feed it and nothing in the
         method needs the whole batch first (`stream_blocker`)."""
-        if self.pipe is None or stream_blocker(self.cfg, self.sampler) is not None:
+        if not self.source.streams or stream_blocker(self.cfg, self.sampler) is not None:
             return None
         return StreamedUpdate(self.updater, self.objective, lambda piece: self.prepare_piece(piece, step),
                               self.runtime.tokenizer.pad_token_id)
@@ -175,9 +183,7 @@ class Trainer(BaseTrainer):
     def collect_batch(self, step: int, stream: StreamedUpdate | None = None) -> tuple[Batch, dict[str, Any]]:
         """Rollout + reward + filter; with filters, draw more prompts until the batch is full
         (at most rollout.max_resample_rounds extra rounds); kept groups go to `stream` as they arrive."""
-        r = self.cfg.rollout
-        got = self.collect(step, want=r.prompts_per_step, max_rounds=r.max_resample_rounds if self.filters else 0,
-                           keep=lambda b: stages.apply_filters(b, self.filters), stream=stream)
+        got = self.source.next(step, stream)
         if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
             self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
         metrics = got.metrics
@@ -225,7 +231,6 @@ class Trainer(BaseTrainer):
         source = ADVANTAGES.get(self.cfg.algo.advantage.name).attrs.get("salience")
         if not source:
             return self.advantage_fn
-        import functools
         import time
 
         from upslope.train.learner.salience import token_salience
@@ -262,5 +267,5 @@ class Trainer(BaseTrainer):
             metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size,
                                                        metrics.get("dcmdp/discrepancy")))
         with self.clock("sync"):
-            self.sync_weights()
+            self.sink.push(self.updater.named_weights(), step)
         return metrics

@@ -12,7 +12,8 @@ from upslope.data.samplers import UniformSampler
 from upslope.data.sft import encode_conversations, load_conversations
 from upslope.errors import ConfigError
 from upslope.train.learner.objectives import SupervisedObjective
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.learner.memory import release_freed_memory
 
 
