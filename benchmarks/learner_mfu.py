@@ -157,7 +157,7 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
                              f"rollout.prompts_per_step={prompts}", f"rollout.n={n}", "algo.kl_coef=0",
                              f"train.steps={a.steps + a.warmup}", *(a.override or [])])
     learner = Updater.from_config(cfg, model_path, device=a.device)
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     params = sum(p.numel() for p in learner.model.parameters())
     vocab = learner.model.config.vocab_size
     batch = synthetic_batch(prompts, n, plen, clen, vocab, pad_id=2, seed=a.seed)

@@ -266,9 +266,9 @@ def test_upslope_plugins_rejects_an_unknown_kind_in_one_line(capsys):
     status, out, err = run_cli(capsys, "plugins", "advantages")
     assert status == 2 and out == ""
     line = err.strip()
-    assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
-                           "consolidate, distill_loss, engine, environment, filter, kl, policy_loss, preference_loss, replay, reward, "
-                           "reward_combiner, ")
+    assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: accept, advantage, "
+                           "consolidate, distill_loss, engine, environment, filter, kl, loss_term, policy_loss, "
+                           "preference_loss, replay, reward, reward_combiner, ")
     assert "\n" not in line and ", sampler, task" in line
 
 

@@ -123,6 +123,7 @@ UNBOUNDED = {
     "rollout:espo.fail_reward", "environment:answer.tool_bonus",  # rewards: a penalty is negative
     "rollout:espo.margin",  # a negative margin stops every completion past min_tokens
     "preference_loss:simpo.gamma",  # a target margin
+    "accept:mipu.min_gain",  # a threshold on the proxy, which has either sign
     "task:arith.seed",
 }
 

@@ -62,6 +62,13 @@ class ScalarHeadModel(torch.nn.Module):
         return self.net.load_state_dict(state, strict=strict, assign=assign)
 
 
+def token_values(model: ScalarHeadModel, mb: Any) -> torch.Tensor:
+    """[n, L] values of a Batch's rows aligned to tokens: values[:, t] = V(the state that chooses token t),
+    0 off the loss mask (PPO's critic)."""
+    v = model.token_values(mb.input_ids, mb.attention_mask)
+    return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], 1) * mb.loss_mask
+
+
 def score_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int | None) -> torch.Tensor:
     """[n] long: each row's rightmost attended token that is not `pad_id` (its last token without a pad id)."""
     keep = attention_mask.bool() if pad_id is None else attention_mask.bool() & (input_ids != pad_id)

@@ -144,7 +144,7 @@ def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
                              *([] if targets == "all" else [f"lora.target_modules=[{targets}]"])])
     torch.manual_seed(0)
     learner = Updater.from_config(cfg, tiny_model_path, "cpu")
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     questions = ["What is 3 * 4?", "Name a colour.", "Count to three.", "Say hi."]
     prompts = encode_chat(questions)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=1)

@@ -102,3 +102,30 @@ class AdaptiveKLController:
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
         return self.value
+
+
+class KLControl:
+    """The KL penalty to the frozen reference: an estimator (registry `kl`) and its coefficient, fixed or
+    adaptive toward a target; used in the loss (loss term `kl`) or folded into the rewards."""
+
+    def __init__(self, coef: float, estimator: str = "k3", target: float | None = None, horizon: int = 10000,
+                 where: str = "algo.kl_estimator"):
+        self.estimate = KL_ESTIMATORS.bind(estimator, where=where)
+        self.controller = AdaptiveKLController(coef, target, horizon) if target else FixedKLController(coef)
+
+    @property
+    def value(self) -> float:
+        """The coefficient this step uses."""
+        return self.controller.value
+
+    def after_update(self, kl: float, samples: int) -> dict[str, float]:
+        """The coefficient this step used (`kl_coef`); then an adaptive one moves toward its target."""
+        out = {"kl_coef": self.controller.value}
+        self.controller.update(kl, samples)
+        return out
+
+    def state_dict(self) -> dict[str, float]:
+        return {"kl_coef": self.controller.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.controller.value = float(state["kl_coef"])

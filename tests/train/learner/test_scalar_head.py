@@ -53,12 +53,13 @@ def test_clipped_value_loss_by_hand():
     v_new = torch.tensor([[0.0, 0.0, 1.0, 0.5, -1.0]])
     b.values = torch.tensor([[0.0, 0.0, 0.0, 0.4, -0.1]])
     b.returns = torch.tensor([[0.0, 0.0, 2.0, 0.0, -1.0]])
-    loss, m = ValueObjective(0.2).scalar_loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    out = ValueObjective(0.2).loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    loss, m = out.loss, out.metrics
     # token 2: (1-2)^2=1 vs clipped 0.2: (0.2-2)^2=3.24 -> 3.24; token 3: 0.25 vs (0.5-0)^2=0.25 -> 0.25;
     # token 4: (-1+1)^2=0 vs clipped -0.3: (-0.3+1)^2=0.49 -> 0.49
     assert float(loss) == pytest.approx(0.5 * (3.24 + 0.25 + 0.49) / 3, rel=1e-6)
     assert m["clip_frac"] == pytest.approx(2 / 3)
-    unclipped, _ = ValueObjective(None).scalar_loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    unclipped = ValueObjective(None).loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0}).loss
     assert float(unclipped) == pytest.approx(0.5 * (1 + 0.25 + 0) / 3, rel=1e-6)
     assert mask.sum() == 3
 

@@ -54,7 +54,7 @@ class StreamedUpdate:
         if not self.pending:
             return False
         piece, measured = self.prepare(self.pending.pop(0))
-        piece = self.objective.prepare(piece, self.updater)
+        piece = self.updater.prepared(piece, self.objective)
         for k, v in loss_normalizers(piece.loss_mask).items():  # every row counts, skipped or not
             self.counts[k] += v
         self.forwarded += self.updater.accumulate(piece, self.objective, UNIT, self.tally)

@@ -12,8 +12,8 @@ from upslope.config import Config, LoraConfig, OptimConfig
 from upslope.distributed import group
 from upslope.errors import UpslopeError
 from upslope.models import resolve_model
-from upslope.train.learner.objectives import ValueObjective, token_values
-from upslope.scalar_head import scalar_loader
+from upslope.scalar_head import scalar_loader, token_values
+from upslope.train.learner.objectives import ValueObjective
 from upslope.train.learner.updater import SHARDED_STATE, Updater
 
 CRITIC_SHARDS = "critic"  # the critic's DCP shards, inside a sharded checkpoint's sharded/

@@ -4,6 +4,7 @@ advantages) -> update with the RL objective -> weight sync."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,15 @@ from upslope import checkpoint as ckpt
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.errors import ConfigError, UpslopeError
-from upslope.registry import ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
+from upslope.algos.kl import KLControl, kl_penalty_in_reward
+from upslope.algos.terms import KLPenalty
+from upslope.algos.trust import DiscrepancyConstraint
+from upslope.registry import ACCEPTS, ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
 from upslope.train.collect import Rounds
 from upslope.train.learner.objectives import RLObjective, several_passes
 from upslope.train.learner.stream import Prepared, StreamedUpdate
+from upslope.train.learner.updater import Updater
 from upslope.seeding import seed_step
 from upslope.train.loop import BaseTrainer
 from upslope.train.pipeline import staleness_warning
@@ -104,6 +109,29 @@ def combine_piece_metrics(parts: list[Prepared]) -> dict[str, Any]:
     return out
 
 
+def with_reference(batch: Batch, updater: Updater, temperature: float,
+                   kl_reward: KLControl | None) -> tuple[Batch, float | None]:
+    """The batch with the frozen reference's log-probs; with KL in the reward (`kl_reward`), also the
+    policy's old log-probs and -beta * KL folded into the rewards, and that KL (else None)."""
+    batch = replace(batch, ref_logprobs=updater.logprobs(batch, temperature=temperature, reference=True))
+    if kl_reward is None:
+        return batch, None
+    batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=temperature))
+    return kl_penalty_in_reward(batch, kl_reward.estimate, kl_reward.value)
+
+
+def restore_pre_terms_state(old: dict[str, Any], objective: RLObjective, kl_reward: KLControl | None) -> None:
+    """A checkpoint written before the loss was a sum of terms kept {kl_coef, dual}: the KL coefficient
+    (an adaptive one moves) and DCMDP's multiplier, restored into the terms that hold them now."""
+    for term in objective.terms:
+        if isinstance(term, KLPenalty):
+            term.load_state_dict({"kl_coef": old["kl_coef"]})
+        if isinstance(term, DiscrepancyConstraint) and old.get("dual") is not None:
+            term.load_state_dict(old["dual"])
+    if kl_reward is not None:
+        kl_reward.load_state_dict({"kl_coef": old["kl_coef"]})
+
+
 class Trainer(BaseTrainer):
     """Online RL (GRPO and every recipe of the algorithm set): rollout -> reward -> filter ->
     advantage -> update -> weight sync."""
@@ -132,10 +160,20 @@ class Trainer(BaseTrainer):
         self.keep = functools.partial(stages.apply_filters, filters=self.filters)
 
     def setup_objective(self) -> None:
-        self.objective = RLObjective.from_config(self.cfg, self.updater)
+        algo = self.cfg.algo
+        self.objective = RLObjective.from_config(self.cfg)
+        self.kl_reward = (KLControl(algo.kl_coef, algo.kl_estimator, algo.kl_target, algo.kl_horizon)
+                          if algo.kl_coef > 0 and algo.kl_in == "reward" else None)  # KL folded into the rewards
+        self.uses_reference = self.kl_reward is not None or self.objective.needs_reference
+        if self.uses_reference:  # no reference model at all unless KL is used
+            self.updater.reference()
+        accept = algo.accept
+        self.accept = ACCEPTS.bind(accept.name, accept.options, where="algo.accept.options")() if accept else None
 
     def extra_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"objective": self.objective.state()}
+        state: dict[str, Any] = {"loss_terms": self.objective.state_dict()}
+        if self.kl_reward is not None:
+            state["kl_in_reward"] = self.kl_reward.state_dict()
         if self.critic is not None:
             state["critic"] = self.critic.state()
         if self.replay is not None:
@@ -155,8 +193,12 @@ class Trainer(BaseTrainer):
             if "replay" not in state:
                 raise UpslopeError(f"{path}: checkpoint has no replay buffer, but algo.replay is set")
             self.replay.load_state_dict(state["replay"])
-        if "objective" in state:  # checkpoints written before the objective kept state have none
-            self.objective.load_state(state["objective"])
+        if "loss_terms" in state:
+            self.objective.load_state_dict(state["loss_terms"])
+        if self.kl_reward is not None and "kl_in_reward" in state:
+            self.kl_reward.load_state_dict(state["kl_in_reward"])
+        if "objective" in state:  # written before the loss was a sum of terms
+            restore_pre_terms_state(state["objective"], self.objective, self.kl_reward)
 
     # ------------------------------------------------------------------ stages wired
 
@@ -208,9 +250,10 @@ class Trainer(BaseTrainer):
         algo = self.cfg.algo
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
-        batch, kl = self.objective.with_reference(batch)
-        if kl is not None:
-            metrics["kl"] = kl
+        if self.uses_reference:
+            batch, kl = with_reference(batch, self.updater, self.objective.temperature, self.kl_reward)
+            if kl is not None:
+                metrics["kl"] = kl
         if self.critic is not None:
             batch = stages.values_and_returns(batch, self.critic.values(batch))
         batch = stages.advantage(batch, self.with_salience(batch, metrics))
@@ -241,6 +284,14 @@ class Trainer(BaseTrainer):
         metrics["salience/seconds"] = time.perf_counter() - t0
         return functools.partial(self.advantage_fn, salience=salience)
 
+    def check_update(self, batch: Batch, saved: dict[str, Any]) -> dict[str, Any]:
+        """algo.accept: judge the updated policy on the batch (one extra forward) and undo the update it vetoes."""
+        assert self.accept is not None
+        accepted, metrics = self.accept(batch, self.updater.logprobs(batch, temperature=self.objective.temperature))
+        if not accepted:
+            self.updater.restore(saved)
+        return metrics
+
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
         stream = self.stream_for(step)
@@ -252,20 +303,22 @@ class Trainer(BaseTrainer):
             return metrics
         with self.clock("learner"):
             if stream is not None and stream.started:  # some groups were forwarded while the rest arrived
-                saved = self.objective.candidate(self.updater)  # the weights have not moved yet
+                saved = self.updater.snapshot() if self.accept else None  # the weights have not moved yet
                 batch, update_metrics, parts = stream.finish()
                 metrics.update(combine_piece_metrics(parts))
                 metrics.update(advantage_metrics(batch))
             else:  # the whole-batch update (bit for bit the synchronous loop's)
                 batch = self.prepare(batch, metrics, step)
-                saved = self.objective.candidate(self.updater)
+                saved = self.updater.snapshot() if self.accept else None
                 update_metrics = self.updater.update(batch, step, self.objective)
             metrics.update(update_metrics)
-            metrics.update(self.objective.accept(batch, self.updater, saved))
+            if saved is not None:
+                metrics.update(self.check_update(batch, saved))
             if self.critic is not None:
                 metrics.update(self.critic.train_step(batch))
-            metrics.update(self.objective.after_update(metrics.get("kl", 0.0), batch.size,
-                                                       metrics.get("dcmdp/discrepancy")))
+            if self.kl_reward is not None:
+                metrics.update(self.kl_reward.after_update(metrics.get("kl", 0.0), batch.size))
+            metrics.update(self.objective.after_update(metrics, batch.size))
         with self.clock("sync"):
             self.sink.push(self.updater.named_weights(), step)
         return metrics
