@@ -414,7 +414,7 @@ def _copies_policy(name: str, auto_name: str) -> bool:
     from upslope.registry import ENGINES
 
     try:
-        return bool(ENGINES.get(auto_name if name == "auto" else name).attrs.get("copies_policy"))
+        return bool(ENGINES.get(auto_name if name == "auto" else name).traits.copies_policy)
     except ConfigError:
         return False
 
@@ -484,7 +484,7 @@ def check_idle_options(cfg: Config, source: str = "config") -> None:
     if a.kl_target is not None and not a.kl_coef:
         raise ConfigError(f"{source}: algo.kl_target needs algo.kl_coef > 0 (the adaptive coefficient starts there; "
                           f"with 0 no KL is computed at all)")
-    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).attrs.get("critic"):
+    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).traits.critic:
         raise ConfigError(f"{source}: critic options are set but algo.advantage '{a.advantage.name}' uses no critic "
                           f"(gae and sr_ppo do); drop them or pick a critic estimator")
 
@@ -525,7 +525,7 @@ def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
         return fallback
     from upslope.registry import TASKS
 
-    return int(TASKS.get(data.task, "data.task").attrs.get("max_new_tokens", fallback))
+    return int(TASKS.get(data.task, "data.task").traits.max_new_tokens or fallback)
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:

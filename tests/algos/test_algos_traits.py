@@ -14,8 +14,8 @@ from upslope.train.trainers.rl import check_config, stream_blocker
 
 
 def test_advantage_traits_are_declared_at_registration():
-    grouped = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("grouped")}
-    critic = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("critic")}
+    grouped = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.grouped}
+    critic = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.critic}
     assert grouped >= {"grpo", "dr_grpo", "rloo", "gdpo"} and "reinforce_pp" not in grouped
     assert critic >= {"gae"} and not critic & grouped
 
@@ -38,7 +38,7 @@ def test_batch_level_steps_declare_the_whole_batch_trait():
     GDPO's batch normalisation (and what builds on it), ReCal's per-dataset scale, SAW's batch
     coefficients of variation, DARTS's longest completion; group-local estimators do not."""
     def whole(registry):
-        return {n for n in registry.names() if registry.get(n).attrs.get("whole_batch")}
+        return {n for n in registry.names() if registry.get(n).traits.whole_batch}
     assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo"}
     assert whole(REWARD_COMBINERS) == {"saw"} and whole(FILTERS) == {"darts"}
 

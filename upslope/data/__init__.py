@@ -51,8 +51,8 @@ def task_default_reward(cfg: DataConfig) -> tuple[str, dict[str, Any]] | None:
     if cfg.path:
         return None
     entry = TASKS.get(cfg.task, "data.task")
-    name = entry.attrs.get("reward")
-    return (name, dict(entry.attrs.get("reward_options", {}))) if name else None
+    name = entry.traits.reward
+    return (name, dict(entry.traits.reward_options)) if name else None
 
 
 __all__ = ["Example", "is_single_file", "load_examples", "task_default_reward", "read_records", "records_to_examples",

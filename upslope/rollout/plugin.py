@@ -48,9 +48,9 @@ def make_rollout(cfg: Any, tokenizer: Any, evaluation: bool = False) -> RolloutF
     prefixes, early stops) gives way to plain sampling, and a setup plugin drops its training-time help
     (multi_turn: no guidance hints), so the held-out score is the policy's own."""
     entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
-    if evaluation and entry.attrs.get("train_only"):
+    if evaluation and entry.traits.train_only:
         return ROLLOUTS.bind("single_turn", {}, "rollout.options")
-    setup = entry.attrs.get("setup")
+    setup = entry.traits.setup
     if setup is not None:
         ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")  # its options are checked all the same
         return setup(cfg, tokenizer, evaluation)

@@ -169,9 +169,9 @@ class BaseTrainer:
 
     @property
     def merge_repeats(self) -> bool:
-        """Does the sampler give a prompt several draws of n rollouts as one group (its optional
-        `merge_repeats` attribute; CERO's variable rollouts per prompt)?"""
-        return bool(getattr(self.sampler, "merge_repeats", False))
+        """Does the sampler give a prompt several draws of n rollouts as one group (its `merge_repeats`;
+        CERO's variable rollouts per prompt)?"""
+        return bool(self.sampler.merge_repeats)
 
     def push_weights(self) -> None:
         """The learner's weights to the sink (the engine or the Ray workers), if the method has one."""

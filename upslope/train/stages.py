@@ -35,11 +35,11 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
     result = score(reward_fns, texts, answers, batch.meta, fallback)
     components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
     combined = combiner(components, batch.group_ids, weights=result.weights).float()
-    # a rollout may shape a sample's reward: meta["reward_scale"] (e.g. SocraticPO's decay after a hint),
-    # meta["reward_override"] (e.g. ESPO's terminal failure for a rollout it stopped early)
-    scale = torch.tensor([float(m.get("reward_scale", 1.0)) for m in batch.meta])
-    override = torch.tensor([float(m.get("reward_override", float("nan"))) for m in batch.meta])
-    combined = torch.where(override.isnan(), combined * scale, override) if batch.meta else combined
+    # a rollout may shape a sample's reward: batch.reward_scale multiplies it, batch.reward_override replaces it
+    n = batch.size
+    scale = batch.reward_scale if batch.reward_scale is not None else torch.ones(n)
+    override = batch.reward_override if batch.reward_override is not None else torch.full((n,), float("nan"))
+    combined = torch.where(override.isnan(), combined * scale, override) if n else combined
     batch = replace(batch, reward_components=components, rewards=combined)
     metrics: dict[str, float] = {}
     if tokenizer is not None and any(rf.places_tokens for rf in reward_fns):
@@ -85,19 +85,10 @@ def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Ten
     out, returns = fn(batch), batch.returns
     if isinstance(out, tuple):
         out, returns = out
-    return replace(batch, advantages=(out.float() + advantage_bonus(batch)) * batch.loss_mask, returns=returns)
-
-
-def advantage_bonus(batch: Batch) -> torch.Tensor:
-    """Per-token additions to the advantage a rollout asked for in meta["advantage_bonus"] as (start, end,
-    value) spans of completion positions: the multi-turn rollout's interleaved SFT term (at ratio 1 the
-    policy-gradient of +w on a token's advantage is that of w x its negative log-likelihood)."""
-    bonus = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for i, m in enumerate(batch.meta):
-        p = int(batch.prompt_lens[i])
-        for start, end, value in m.get("advantage_bonus", ()):
-            bonus[i, p + start:p + end] += value
-    return bonus
+    bonus = batch.advantage_bonus  # a rollout's per-token additions (the agent's interleaved SFT term)
+    if bonus is None:
+        bonus = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    return replace(batch, advantages=(out.float() + bonus) * batch.loss_mask, returns=returns)
 
 
 def meta_metrics(metas: Sequence[dict[str, Any]]) -> dict[str, float]:

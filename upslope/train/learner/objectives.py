@@ -149,11 +149,11 @@ def loss_terms(algo: AlgoConfig) -> list[LossTerm]:
     the registered terms of algo.terms, KL to the reference (algo.kl_coef with kl_in=loss), the entropy
     bonus (algo.entropy_coef) and the mismatch metric."""
     entry = POLICY_LOSSES.get(algo.policy_loss.name, "algo.policy_loss.name")
-    traits = entry.attrs
+    traits = entry.traits
     terms: list[LossTerm] = [PolicyTerm(POLICY_LOSSES.bind(algo.policy_loss.name, algo.policy_loss.options,
                                                            where="algo.policy_loss.options"),
-                                        zero_at_zero_advantage=bool(traits.get("zero_at_zero_advantage")),
-                                        token_stats=bool(traits.get("token_stats")), top_k=int(traits.get("top_k", 0)))]
+                                        zero_at_zero_advantage=traits.zero_at_zero_advantage,
+                                        token_stats=traits.token_stats, top_k=traits.top_k)]
     if algo.correction is not None:
         terms.append(LOSS_TERMS.bind("tis", algo.correction.model_dump(), where="algo.correction")())
     terms += [LOSS_TERMS.bind(t.name, t.options, where=f"algo.terms[{i}].options")() for i, t in enumerate(algo.terms)]

@@ -66,7 +66,7 @@ class DPOTrainer(BaseTrainer):
     def setup(self) -> None:
         cfg, d = self.cfg, self.cfg.dpo
         self.loss_fn = PREFERENCE_LOSSES.bind(d.loss.name, d.loss.options, where="dpo.loss.options")
-        self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).attrs.get("reference", True))
+        self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).traits.reference)
         self.pad_id = self.runtime.tokenizer.pad_token_id
         self.ref_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # file pairs: index -> (c, r)
         if d.source == "dataset":

@@ -34,14 +34,14 @@ def advantage_metrics(batch: Batch) -> dict[str, float]:
 
 def check_config(cfg: Config) -> None:
     """Reject RL option combinations that cannot run (one ConfigError line)."""
-    if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").attrs.get("grouped") and cfg.rollout.n < 2:
+    if ADVANTAGES.get(cfg.algo.advantage.name, "algo.advantage.name").traits.grouped and cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
     check_token_rewards(cfg)
     if cfg.algo.replay is not None:  # its options fail here, before any model loads
         REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
     SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
-    if not ROLLOUTS.get(cfg.rollout.kind, "rollout.kind").attrs.get("setup"):  # bad rollout.options fail here
+    if not ROLLOUTS.get(cfg.rollout.kind, "rollout.kind").traits.setup:  # bad rollout.options fail here
         ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, where="rollout.options")
     if cfg.train.updates_per_batch > cfg.rollout.prompts_per_step:
         raise ConfigError(f"train.updates_per_batch={cfg.train.updates_per_batch}: cannot split "
@@ -58,12 +58,12 @@ def check_token_rewards(cfg: Config) -> None:
         return
     i, name = placing[0]
     adv = cfg.algo.advantage.name
-    if not ADVANTAGES.get(adv, "algo.advantage.name").attrs.get("token_rewards"):
-        takes = ", ".join(n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("token_rewards"))
+    if not ADVANTAGES.get(adv, "algo.advantage.name").traits.token_rewards:
+        takes = ", ".join(n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.token_rewards)
         raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, and advantage '{adv}' reads only sequence "
                           f"rewards; use an advantage that takes token rewards ({takes}) or placement: sequence")
     comb = cfg.algo.reward_combiner.name
-    if not REWARD_COMBINERS.get(comb, "algo.reward_combiner.name").attrs.get("linear"):
+    if not REWARD_COMBINERS.get(comb, "algo.reward_combiner.name").traits.linear:
         raise ConfigError(f"reward[{i}] ({name}) puts rewards on tokens, which needs a linear reward combiner (the "
                           f"token rewards are its weighted parts), and algo.reward_combiner '{comb}' is not one; use "
                           f"weighted_sum or placement: sequence")
@@ -76,19 +76,19 @@ def stream_blocker(cfg: Config, sampler: Any = None) -> str | None:
     algo = cfg.algo
     if not cfg.pipeline.stream:
         return "pipeline.stream=false"
-    if getattr(sampler, "merge_repeats", False):
+    if sampler is not None and sampler.merge_repeats:
         return f"sampler '{cfg.data.sampler.name}' makes a prompt's repeated draws one group"
     if several_passes(cfg.train):
         return "several optimiser steps per batch (train.updates_per_batch x train.epochs_per_batch > 1)"
-    if ADVANTAGES.get(algo.advantage.name, "algo.advantage.name").attrs.get("whole_batch"):
+    if ADVANTAGES.get(algo.advantage.name, "algo.advantage.name").traits.whole_batch:
         return f"advantage '{algo.advantage.name}' uses statistics of the whole batch"
     for spec in cfg.reward:  # a reward given as FILE:FUNCTION is per sample or batched over a piece
-        if spec.name in REWARDS and REWARDS.get(spec.name).attrs.get("whole_batch"):
+        if spec.name in REWARDS and REWARDS.get(spec.name).traits.whole_batch:
             return f"reward '{spec.name}' uses statistics of the whole round"
-    if REWARD_COMBINERS.get(algo.reward_combiner.name, "algo.reward_combiner.name").attrs.get("whole_batch"):
+    if REWARD_COMBINERS.get(algo.reward_combiner.name, "algo.reward_combiner.name").traits.whole_batch:
         return f"reward combiner '{algo.reward_combiner.name}' uses statistics of the whole round"
     for f in algo.filters:
-        if FILTERS.get(f.name, "algo.filters").attrs.get("whole_batch"):
+        if FILTERS.get(f.name, "algo.filters").traits.whole_batch:
             return f"filter '{f.name}' compares across the whole round"
     if algo.replay is not None:
         return "algo.replay mixes replayed rows into the whole batch"
@@ -147,7 +147,7 @@ class Trainer(BaseTrainer):
         self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
                         for i, f in enumerate(cfg.algo.filters)]
         self.critic = None
-        if ADVANTAGES.get(cfg.algo.advantage.name).attrs.get("critic"):  # PPO: a value model, only when needed
+        if ADVANTAGES.get(cfg.algo.advantage.name).traits.critic:  # PPO: a value model, only when needed
             from upslope.train.methods.critic import Critic
 
             self.critic = Critic.from_config(cfg, self.runtime.model_path, self.device)
@@ -271,15 +271,17 @@ class Trainer(BaseTrainer):
     def with_salience(self, batch: Batch, metrics: dict[str, Any]) -> Any:
         """The advantage estimator, given the policy's per-token salience when it declares a
         `salience` source (FlowTracer, ARCA, GRAIL: one extra pass, its seconds in the metrics)."""
-        source = ADVANTAGES.get(self.cfg.algo.advantage.name).attrs.get("salience")
+        source = ADVANTAGES.get(self.cfg.algo.advantage.name).traits.salience
         if not source:
             return self.advantage_fn
+        import inspect
         import time
 
         from upslope.train.learner.salience import token_salience
 
         t0 = time.perf_counter()
-        answer = int(self.cfg.algo.advantage.options.get("answer_tokens", 3))
+        # the bound advantage's answer region (a salience advantage has the option: checked when it registers)
+        answer = int(inspect.signature(self.advantage_fn).parameters["answer_tokens"].default)
         salience = token_salience(self.updater, batch, source, answer)
         metrics["salience/seconds"] = time.perf_counter() - t0
         return functools.partial(self.advantage_fn, salience=salience)
