@@ -5,7 +5,8 @@ into A, e.g. through a callback).
     python scripts/hop_trace.py MODEL_DIR [key=value ...]
 
 runs `upslope train` (GRPO by default) on MODEL_DIR with the HF engine for one step under
-`sys.setprofile` and prints: the files in call order, each distinct cross-file call
+`sys.setprofile` and prints: the files in call order (those that call no other file marked as
+leaves), each distinct cross-file call
 (`caller_file:function -> callee_file:function`), and the pairs of files that call each other.
 A call's caller is the nearest frame of the package on the stack, so a callback that the package
 passes through torch or the standard library still counts as a call from the package file that
@@ -73,12 +74,13 @@ def trainer_for(overrides: list[str]) -> Any:
     """The `upslope train` trainer for these overrides (the entry-point table, wherever it lives)."""
     from upslope.config import load_config
 
-    for where in ("upslope.api", "upslope.train.api"):
+    for where in ("upslope.launch", "upslope.train.api"):  # the table's home now, and before the layers
         try:
-            api = importlib.import_module(where)
+            module = importlib.import_module(where)
         except ModuleNotFoundError:
             continue
-        return api.trainer_class("train")(load_config(None, overrides))
+        if hasattr(module, "trainer_class"):
+            return module.trainer_class("train")(load_config(None, overrides))
     raise SystemExit("no trainer table found")
 
 
@@ -97,9 +99,10 @@ def main(argv: list[str]) -> int:
         finally:
             trainer.close()
     pairs = back_and_forth(calls)
-    print(f"files: {len(files)}")
+    passing = {a.partition(":")[0] for a, _ in calls}
+    print(f"files: {len(files)} ({len(passing)} of them call into another file, the rest are leaves)")
     for f in files:
-        print(f"  {f}")
+        print(f"  {f}" + ("" if f in passing else "  (leaf)"))
     file_edges = sorted({(a.partition(":")[0], b.partition(":")[0]) for a, b in calls})
     print(f"cross-file calls: {len(calls)} between functions, {len(file_edges)} between files")
     for a, b in calls:

@@ -136,7 +136,7 @@ GPU_NO_CHECKPOINT_GB = 24  # below this much free GPU memory, auto keeps activat
 def gpu_micro_batch_tokens(free_gb: float) -> int:
     """The learner's token budget on a GPU with `free_gb` free: 256 tokens a free GiB, rounded
     down to a power of two, within [2048, 16384] (16k tokens of a 1.7B model without
-    checkpointing ran on an H200 in the run that filed issue 15)."""
+    checkpointing ran on an H200)."""
     tokens = 2048
     while tokens * 2 <= min(16384, free_gb * 256):
         tokens *= 2

@@ -8,7 +8,6 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -224,13 +223,6 @@ def read_chat_template(value: str) -> str:
         raise ConfigError(f"{source}: chat template syntax error at line {exc.lineno}: {exc.message} "
                           f"(model.chat_template)") from None
     return text
-
-
-@dataclass
-class LoadedModel:
-    path: str
-    model: Any  # transformers PreTrainedModel
-    tokenizer: Any
 
 
 def _check_model_config(path: str) -> None:

@@ -264,12 +264,12 @@ _BUILTINS_LOADED = False
 # the registries, so they import this module; none may import upslope.config at load time
 # (config consults the registries: tests/test_import_graph.py checks both).
 BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
-                   "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.single_turn",
-                   "upslope.rollout.multi_turn", "upslope.rollout.shaping", "upslope.agents")
-BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
-                    "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit (issue 21, part A)
-BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # issue 21, part 2
-BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
+                   "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.plugin",
+                   "upslope.rollout.multi_turn", "upslope.rollout.shaping", "upslope.agents",
+                   "upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",  # token credit
+                   "upslope.algos.credit_critic", "upslope.algos.credit_salience",
+                   "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
+                   "upslope.algos.weight_search")  # consolidation of weight perturbations (upslope randopt)
 
 
 def load_builtins() -> None:

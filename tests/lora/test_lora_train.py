@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from upslope import lora
-from upslope.rollout.single_turn import single_turn
+from upslope.rollout.plugin import single_turn
 from upslope.cli import main
 from upslope.config import load_config
 from upslope.data.types import Example

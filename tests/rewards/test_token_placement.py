@@ -12,6 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batch_helpers import score_and_check
+
 from upslope.batch import build_batch
 from upslope.cli import main
 from upslope.config import RewardSpec, load_config
@@ -33,7 +35,7 @@ def scored(tokenizer, texts, specs, metas=None):
     batch = build_batch([[1, 2]] * len(texts), comps, [[0.0] * len(c) for c in comps], list(range(len(texts))),
                         [False] * len(texts), tokenizer.pad_token_id,
                         meta=[{"answer": None, "completion": t, **m} for t, m in zip(texts, metas)])
-    return stages.reward(batch, build_reward_fns(specs), REWARD_COMBINERS.bind("weighted_sum"), 0.0,
+    return score_and_check(batch, build_reward_fns(specs), REWARD_COMBINERS.bind("weighted_sum"), 0.0,
                          tokenizer=tokenizer)
 
 
@@ -83,7 +85,7 @@ def test_token_rewards_advantages_and_returns_by_hand(tokenizer):
     # deltas r + V' - V from position 7 back: 0.5, 0.5, 0, 0, 0.5, 0;
     # A = delta + 0.5 A': 0.5, 0.75, 0.375, 0.1875, 0.59375, 0.296875; returns = A + 0.5
     values = batch.loss_mask * 0.5
-    out = stages.advantage(stages.values_and_returns(batch, values),
+    out = stages.advantage(replace(batch, values=values),
                            ADVANTAGES.bind("gae", {"gamma": 1.0, "lam": 0.5, "whiten": False}))
     assert out.advantages[0].tolist() == pytest.approx([0, 0, 0.296875, 0.59375, 0.1875, 0.375, 0.75, 0.5])
     assert out.returns[0].tolist() == pytest.approx([0, 0, 0.796875, 1.09375, 0.6875, 0.875, 1.25, 1.0])
@@ -107,7 +109,7 @@ def test_scaled_overridden_and_unplaceable_samples(tokenizer):
     batch = replace(batch, reward_scale=torch.tensor([0.5, 1.0, 1.0]),
                     reward_override=torch.tensor([math.nan, -1.0, math.nan]))
     [fn] = build_reward_fns([RewardSpec(name="process", options=PROCESS)])
-    out, metrics = stages.reward(batch, [fn], REWARD_COMBINERS.bind("weighted_sum"), 0.0, tokenizer=tokenizer)
+    out, metrics = score_and_check(batch, [fn], REWARD_COMBINERS.bind("weighted_sum"), 0.0, tokenizer=tokenizer)
     # tokens: <prompt> ok \n ok <end>; the third row's text has a space its ids do not
     assert out.rewards.tolist() == [1.0, -1.0, 2.0]
     assert out.token_rewards.tolist() == [[0, 0, 0.5, 0.5, 0], [0, 0, 0, 0, -1.0], [0, 0, 0, 0, 2.0]]

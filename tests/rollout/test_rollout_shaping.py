@@ -9,13 +9,14 @@ from pathlib import Path
 
 import torch
 
-from upslope.rollout.single_turn import single_turn
+from batch_helpers import score_and_check
+
+from upslope.rollout.plugin import single_turn
 from upslope.data.types import Example
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import RewardFn
 from upslope.rollout.base import SamplingParams
 from upslope.rollout.shaping import espo_stop, noisy_prefix
-from upslope.train import stages
 
 
 def test_espo_stop_by_hand():
@@ -56,7 +57,7 @@ def test_espo_rollout_stops_and_fails_on_the_real_engine(hf_engine, encode_chat)
         assert m["metrics"]["espo/stopped"] == float(full > 2) and m["metrics"]["espo/saved_tokens"] == max(full - 2, 0)
         assert (float(always.reward_override[i]) == -1.0) == (full > 2)
     one = [RewardFn("one", 1.0, lambda c, a, m: 1.0)]
-    scored, _ = stages.reward(always, one, REWARD_COMBINERS.bind("weighted_sum"), 0.0)
+    scored, _ = score_and_check(always, one, REWARD_COMBINERS.bind("weighted_sum"), 0.0)
     expect = [1.0 if v.isnan() else -1.0 for v in always.reward_override]
     assert scored.rewards.tolist() == expect and scored.reward_components["one"].tolist() == [1.0] * always.size
 
@@ -69,8 +70,9 @@ def test_reward_scale_from_the_rollout_by_hand():
 
     b = build_batch([[1], [1], [1]], [[5], [5], [5]], [[-0.1]] * 3, [0, 0, 0], [False] * 3, 2,
                     meta=[{"completion": "x", "answer": None}] * 3)
-    b = replace(b, reward_scale=torch.tensor([1.0, 0.25, 0.25]), reward_override=torch.tensor([math.nan, math.nan, 0.0]))
-    out, _ = stages.reward(b, [RewardFn("two", 1.0, lambda c, a, m: 2.0)], REWARD_COMBINERS.bind("weighted_sum"), 0.0)
+    b = replace(b, reward_scale=torch.tensor([1.0, 0.25, 0.25]),
+                reward_override=torch.tensor([math.nan, math.nan, 0.0]))
+    out, _ = score_and_check(b, [RewardFn("two", 1.0, lambda c, a, m: 2.0)], REWARD_COMBINERS.bind("weighted_sum"), 0.0)
     assert out.rewards.tolist() == [2.0, 0.5, 0.0]
 
 

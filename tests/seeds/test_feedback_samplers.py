@@ -1,4 +1,4 @@
-"""Feedback samplers of issue 20 (CERO, ADS-style boundary, boundary-aware), by hand-computed cases."""
+"""Feedback samplers (CERO, ADS-style boundary, boundary-aware), by hand-computed cases."""
 from __future__ import annotations
 
 import pytest

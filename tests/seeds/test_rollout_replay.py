@@ -1,4 +1,4 @@
-"""Rollout replay of issue 20 (fresh-anchored replay, ReRULE): admission, eviction, priority,
+"""Rollout replay (fresh-anchored replay, ReRULE): admission, eviction, priority,
 group ids, importance weights of replayed rows, and exact resume through a real tiny run."""
 from __future__ import annotations
 

@@ -3,10 +3,12 @@ KL penalty in the reward, critic values and GAE returns, advantage; and the roll
 real HF engine. Every stage returns a new Batch and leaves its input as it was."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from upslope.rollout.single_turn import single_turn
+from upslope.rollout.plugin import single_turn
 from upslope.algos.kl import kl_penalty_in_reward
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
@@ -66,7 +68,7 @@ def test_values_and_returns_by_hand():
     the values; gamma 0.5: each step back halves it; lam 0: one-step TD targets."""
     b = batch_of([2.0], [0], [3])
     values = torch.tensor([[0.0, 0.3, -0.7, 1.1]])
-    with_values = stages.values_and_returns(b, values)
+    with_values = replace(b, values=values)
     assert torch.equal(with_values.values, values) and b.values is None and with_values.returns is None
 
     def returns(gamma: float, lam: float) -> list[list[float]]:

@@ -1,4 +1,4 @@
-"""SocraticPO (issue 21, part 2): after a wrong answer a teacher diagnoses it and gives short guidance,
+"""SocraticPO: after a wrong answer a teacher diagnoses it and gives short guidance,
 the student answers again, and a reward earned after help is decayed (agent.hint_decay**hints). The same
 rule teacher is CATPO's critique of a failed tree leaf (`arith_critique`, used by the `tree` rollout)."""
 from __future__ import annotations

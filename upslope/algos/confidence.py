@@ -1,4 +1,4 @@
-"""Advantages shaped by the policy's own confidence (issue 21, part A): ConSteer-RL, ISPO, CoDaPO.
+"""Advantages shaped by the policy's own confidence: ConSteer-RL, ISPO, CoDaPO.
 
 Confidence comes from the sampler's log-probs of the sampled tokens (`batch.sampler_logprobs`), in
 every batch at no cost: a rollout's confidence is its geometric-mean token probability

@@ -1,4 +1,4 @@
-"""Token-credit advantages (issue 21, part A): a GRPO advantage redistributed over a rollout's tokens
+"""Token-credit advantages: a GRPO advantage redistributed over a rollout's tokens
 (AH-GRPO, SA-AH-GRPO, RREDCoT) or over a group's similar rollouts (GraphAE).
 
 The per-token signal is the sampler's surprisal -log p(sampled token) (`batch.sampler_logprobs`):

@@ -1,4 +1,4 @@
-"""SR-PPO (issue 21, part A): token credit from a critic of prefix success, with one rollout per prompt.
+"""SR-PPO: token credit from a critic of prefix success, with one rollout per prompt.
 
 The critic (the PPO value model, `critic` section) regresses each prefix on its single rollout's
 outcome, a Monte Carlo estimate of the prefix's pass@1 p; the advantage is read in pass@k space,

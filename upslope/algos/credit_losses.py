@@ -1,4 +1,4 @@
-"""Policy losses that read the learner's own per-token internals (issue 21, part A): PAEC.
+"""Policy losses that read the learner's own per-token internals: PAEC.
 
 A loss registered with `token_stats=True` is given, from the training forward itself (no second
 pass), `entropy` [N, L] (with gradient) and, with `top_k=K`, `topk_logprobs` [N, L, K] (the policy's

@@ -1,4 +1,4 @@
-"""Salience-weighted GRPO advantages (issue 21, part A): FlowTracer, ARCA, GRAIL.
+"""Salience-weighted GRPO advantages: FlowTracer, ARCA, GRAIL.
 
 Each is registered with `salience=SOURCE`; the RL trainer then computes the batch's per-token
 salience from the policy (`upslope.train.learner.salience`, one extra pass) and passes it as the

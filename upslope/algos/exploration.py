@@ -1,4 +1,4 @@
-"""Exploration plugins (issue 21, part 2): which of an over-sampled group's rollouts to train on (DARTS),
+"""Exploration plugins: which of an over-sampled group's rollouts to train on (DARTS),
 and which problems learn by RL or by self-distillation from a success buffer (DRIFT)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tree credit (issue 21, part 2): TreeRPO's per-segment advantage over a tree rollout's nodes, and
+"""Tree credit: TreeRPO's per-segment advantage over a tree rollout's nodes, and
 CATPO's per-tree informativeness weight. The tree comes from the `tree` rollout: each row's
 meta["tree"] names the nodes its completion passes through (root first) and where each node's segment
 ends; a row without one is a leaf directly under its group's prompt (then `tree` is GRPO).

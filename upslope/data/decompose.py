@@ -1,4 +1,4 @@
-"""TD-Grokking (issue 21, part 2): problems on which every sample failed are decomposed into verifiable
+"""TD-Grokking: problems on which every sample failed are decomposed into verifiable
 subproblems, trained in the next draw of prompts. The subproblems are added to the training prompts once,
 at set-up (the sampler's `extend` hook), so the collect stage, the sampler's feedback, checkpoints and the
 Ray rollout workers see ordinary prompts of the task."""

@@ -1,4 +1,4 @@
-"""Reasoning Arena (issue 21, part 2): a group whose rollouts all score the same carries no GRPO signal,
+"""Reasoning Arena: a group whose rollouts all score the same carries no GRPO signal,
 so its rollouts are judged against a small anchor pool and a Bradley-Terry fit gives relative rewards."""
 from __future__ import annotations
 

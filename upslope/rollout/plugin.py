@@ -1,7 +1,8 @@
 """What a rollout plugin is (`rollout.kind`): a function `(engine, prompt_ids, examples, params, pad_id,
 group_offset) -> Batch` registered in ROLLOUTS, which generates the groups of one round through the
-engine; `groups_to_batch` turns the engine's completions into that Batch, and `make_rollout` gives
-the run's plugin with its options bound (in the learner's process and in every Ray rollout worker)."""
+engine; `groups_to_batch` turns the engine's completions into that Batch, `single_turn` is the
+default plugin, and `make_rollout` gives the run's plugin with its options bound (in the learner's
+process and in every Ray rollout worker)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -9,7 +10,7 @@ from typing import Any, Callable, Sequence
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import SamplingParams
+from upslope.rollout.base import Engine, SamplingParams
 
 RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
 
@@ -34,6 +35,14 @@ def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example]
     if extra is not None:
         meta = [{**m, **e} for m, e in zip(meta, extra)]
     return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks)
+
+
+@ROLLOUTS.register("single_turn")
+def single_turn(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
+                pad_id: int, group_offset: int = 0) -> Batch:
+    """n completions per prompt through the engine, as a Batch (one group per prompt)."""
+    return groups_to_batch(prompt_ids, examples, engine.generate(list(prompt_ids), params), params, pad_id,
+                           engine.version, group_offset)
 
 
 def rollout_fn(kind: str) -> RolloutFn:

@@ -1,4 +1,4 @@
-"""Rollout-shaping plugins (issue 21, part 2): rollouts that stop, or restart, a sampled completion.
+"""Rollout-shaping plugins: rollouts that stop, or restart, a sampled completion.
 Each wraps the engine's plain `generate`; the batch is built by `groups_to_batch`."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tree rollouts (issue 21, part 2): TreeRPO's branching of partial trajectories, and CATPO's healing of
+"""Tree rollouts: TreeRPO's branching of partial trajectories, and CATPO's healing of
 all-fail trees by a critique. Only the plain `Engine.generate` is used (prompt + forced prefix as the
 prompt, as DenoiseRL does), so the HF engine and vLLM both serve it and vLLM's prefix cache reuses the
 shared prefixes; each row is one leaf, its path through the tree in meta["tree"] (read by advantage `tree`)."""

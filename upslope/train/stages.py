@@ -14,22 +14,12 @@ from upslope.rewards import RewardFn, score, status_counts
 from upslope.rewards.placement import placed_token_rewards
 
 
-def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-           fallback: float, strict: bool = True, tokenizer: Any = None) -> tuple[Batch, dict[str, float]]:
-    """Score each completion with every reward: a Batch with named components and the combined
-    reward. With `strict`, a reward that fails on every sample of a batch is an error. Given the
-    policy's `tokenizer`, a reward placed inside completions (a PlacedReward, e.g. the process
-    reward's step scores) also sets batch.token_rewards."""
-    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback, tokenizer)
-    if strict:
-        check_reward_failures(metrics, errors, batch.size)
-    return batch, metrics
-
-
 def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
                 fallback: float, tokenizer: Any = None) -> tuple[Batch, dict[str, float], dict[str, str]]:
-    """`reward` without the strict check: also each failing reward's first error (a round that
-    arrives in pieces is checked once whole, see `check_reward_failures`)."""
+    """Score each completion with every reward: a Batch with named components and the combined
+    reward, its metrics, and each failing reward's first error (a round is checked once whole, see
+    `check_reward_failures`). Given the policy's `tokenizer`, a reward placed inside completions (a
+    PlacedReward, e.g. the process reward's step scores) also sets batch.token_rewards."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     result = score(reward_fns, texts, answers, batch.meta, fallback)
@@ -72,11 +62,6 @@ def mask_truncated(batch: Batch) -> Batch:
     from upslope.algos.filters import overlong_mask
 
     return replace(batch, loss_mask=overlong_mask(batch))
-
-
-def values_and_returns(batch: Batch, values: torch.Tensor) -> Batch:
-    """The batch with the critic's values; the `critic=True` advantage then returns (advantages, returns) once."""
-    return replace(batch, values=values)
 
 
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]) -> Batch:

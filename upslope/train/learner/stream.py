@@ -1,4 +1,4 @@
-"""The streamed update (RolloutPipe): one optimiser step over a batch whose groups arrive in pieces
+"""The streamed update (the Ray pipeline): one optimiser step over a batch whose groups arrive in pieces
 (the Ray rollout workers' jobs), started before the last piece is in.
 
 The loss of a mini-batch is a sum over its rows divided by the mini-batch's token or sequence count

@@ -97,6 +97,3 @@ class Critic:
             raise UpslopeError(f"the checkpoint's critic state does not fit this critic ({reason}); it was written "
                                f"by another critic.model or an older upslope: start a new run") from None
 
-
-def save_critic(critic: Critic, directory: Path) -> None:
-    torch.save(critic.state(), directory / "critic.pt")

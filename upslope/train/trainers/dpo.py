@@ -33,7 +33,7 @@ REF_CHUNK = 64  # pairs per no-grad batch when computing the reference log-probs
 
 class DPOTrainer(BaseTrainer):
     """Preference optimisation: each step takes `dpo.pairs_per_step` pairs and updates the
-    policy with the configured preference loss through `Learner.optimize`."""
+    policy with the configured preference loss through `Updater.update`."""
 
     @property
     def uses_engine(self) -> bool:  # type: ignore[override]

@@ -144,6 +144,7 @@ class Trainer(BaseTrainer):
         self.setup_task()
         self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
                                             where="algo.advantage.options")
+        self.salience_source = ADVANTAGES.get(cfg.algo.advantage.name).traits.salience  # the extra pass it needs
         self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
                         for i, f in enumerate(cfg.algo.filters)]
         self.critic = None
@@ -255,7 +256,7 @@ class Trainer(BaseTrainer):
             if kl is not None:
                 metrics["kl"] = kl
         if self.critic is not None:
-            batch = stages.values_and_returns(batch, self.critic.values(batch))
+            batch = replace(batch, values=self.critic.values(batch))
         batch = stages.advantage(batch, self.with_salience(batch, metrics))
         metrics.update(advantage_metrics(batch))
         if self.replay is not None:
@@ -271,7 +272,7 @@ class Trainer(BaseTrainer):
     def with_salience(self, batch: Batch, metrics: dict[str, Any]) -> Any:
         """The advantage estimator, given the policy's per-token salience when it declares a
         `salience` source (FlowTracer, ARCA, GRAIL: one extra pass, its seconds in the metrics)."""
-        source = ADVANTAGES.get(self.cfg.algo.advantage.name).traits.salience
+        source = self.salience_source
         if not source:
             return self.advantage_fn
         import inspect
