@@ -193,8 +193,6 @@ def part_engine(p: Part) -> None:
 def part_learner(p: Part) -> None:
     """learner_mfu cells (long shape: 16 prompts x 8 x (38 + 512) tokens on a GPU), each against the bf16
     matmul peak measured here, then a kernel profile of one bf16-mixed update on the largest shape."""
-    import torch
-
     import learner_mfu
 
     size = ["--long-prompts", "2", "--long-n", "2", "--long-new-tokens", "16", "--steps", "1"] if p.dry else \

@@ -224,7 +224,7 @@ _data_case("data_invalid_json", lambda w: [f"{w.tmp / 'bad.jsonl'}:2", "invalid 
 _data_case("data_json_array_line", lambda w: [f"{w.tmp / 'arr.jsonl'}:1", "JSON object"],
            lambda w: w.file("arr.jsonl", "[1, 2]\n"))
 _data_case("data_missing_prompt", lambda w: [f"{w.tmp / 'q.jsonl'}:1", "'prompt'"],
-           lambda w: w.jsonl("q.jsonl", [{"question": "x", "answer": 1}]))
+           lambda w: w.jsonl("q.jsonl", [{"query": "x", "answer": 1}]))  # a 'question' is detected as the prompt
 _data_case("data_missing_answer", lambda w: [f"{w.tmp / 'na.jsonl'}:1", "'answer'"],
            lambda w: w.jsonl("na.jsonl", [{"prompt": "x"}]))
 _data_case("data_prompt_not_text", lambda w: [f"{w.tmp / 'num.jsonl'}:1", "'prompt'"],
@@ -232,14 +232,14 @@ _data_case("data_prompt_not_text", lambda w: [f"{w.tmp / 'num.jsonl'}:1", "'prom
 _data_case("data_bad_messages", lambda w: [f"{w.tmp / 'm.jsonl'}:1", "'messages'"],
            lambda w: w.jsonl("m.jsonl", [{"messages": "hi", "answer": 1}]), "data.messages_field=messages")
 _data_case("data_empty", lambda w: [str(w.tmp / "empty.jsonl"), "no examples"], lambda w: w.file("empty.jsonl", ""))
-_data_case("data_unknown_format", lambda w: [str(w.tmp / "d.csv"), "unknown data format"],
-           lambda w: w.file("d.csv", "prompt,answer\n"))
+_data_case("data_unknown_format", lambda w: [str(w.tmp / "d.tsv"), "unknown data format"],
+           lambda w: w.file("d.tsv", "prompt\tanswer\n"))
 _data_case("data_fake_parquet", lambda w: [str(w.tmp / "fake.parquet"), "Parquet"],
            lambda w: w.file("fake.parquet", json.dumps(ROW) + "\n"))
 _data_case("data_truncated_parquet", lambda w: [str(w.tmp / "cut.parquet"), "Parquet"],
            lambda w: w.file("cut.parquet", _parquet_bytes()[:-30]))
 _data_case("data_parquet_missing_field", lambda w: [f"{w.tmp / 'p.parquet'}:row 1", "'prompt'"],
-           lambda w: w.file("p.parquet", _parquet_bytes(prompt_key="question")))
+           lambda w: w.file("p.parquet", _parquet_bytes(prompt_key="query")))
 _data_case("data_fake_gzip", lambda w: [str(w.tmp / "fake.jsonl.gz"), "gzip"],
            lambda w: w.file("fake.jsonl.gz", json.dumps(ROW) + "\n"))
 _data_case("data_gzip_truncated", lambda w: [str(w.tmp / "cut.jsonl.gz")],
@@ -255,12 +255,21 @@ _data_case("data_template_bad_format", ["data.template"], lambda w: w.jsonl("t2.
 _data_case("data_prompt_too_long", lambda w: [f"{w.tmp / 'long.jsonl'}:2", "rollout.max_prompt_tokens"],
            lambda w: w.jsonl("long.jsonl", [ROW, {"prompt": "word " * 600, "answer": 1}]))
 _data_case("data_prompt_over_context", lambda w: [f"{w.tmp / 'ctx.jsonl'}:1", "context"],
-           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]),
-           "rollout.max_prompt_tokens=20000", "reward=[{name: integer}]")
+           lambda w: w.jsonl("ctx.jsonl", [{"prompt": "word " * 9000, "answer": 1}]), "reward=[{name: integer}]")
 _data_case("eval_data_missing", ["/no/eval.jsonl"], lambda w: "/no/eval.jsonl", key="eval.data.path", command="eval")
 _data_case("eval_data_binary", lambda w: [str(w.tmp / "evbin.jsonl")],
            lambda w: w.file("evbin.jsonl", b"\x00\xff" * 99),
            key="eval.data.path", command="eval")
+CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
+# a chat list under the default `prompt` column is read as TRL's conversational layout; under a prompt
+# field the user named, it is an error naming messages_field
+_data_case("data_prompt_is_chat", lambda w: [f"{w.tmp / 'chat.jsonl'}:1", "got a list (chat messages?)",
+                                             "set data.messages_field=question"],
+           lambda w: w.jsonl("chat.jsonl", [{"question": CHAT, "answer": 4}]), "data.prompt_field=question")
+_data_case("eval_data_path_alone_is_chat", lambda w: [f"{w.tmp / 'evchat.jsonl'}:1",
+                                                      "set eval.data.messages_field=question"],
+           lambda w: w.jsonl("evchat.jsonl", [{"question": CHAT, "answer": 4}]), "eval.data.prompt_field=question",
+           key="eval.data", command="eval")
 _data_case("sft_missing_messages", lambda w: [f"{w.tmp / 'sft.jsonl'}:1", "messages"],
            lambda w: w.jsonl("sft.jsonl", [{"text": "hi"}]), "data.messages_field=messages", command="sft")
 _data_case("sft_binary", lambda w: [str(w.tmp / "sft.bin.jsonl")],

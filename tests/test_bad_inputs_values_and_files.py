@@ -5,6 +5,8 @@ before its check was added.
 - numbers no option can use: NaN, inf, `1e999`, integers over 64 bits (any option, any plugin
   option, a sweep range), seeds outside 0..2**32; a reply length (rollout or eval max_new_tokens)
   that with the prompt does not fit the model's context (sampling ran past it for as long as asked);
+- budgets a short model cannot hold (rollout.max_prompt_tokens with the reply, engine.max_model_len:
+  vLLM printed a 30-line traceback) and an explicit engine that cannot run the architecture;
 - a key given twice in one YAML mapping (recipe, override value) or one JSON object (data line);
 - files that are not regular files (a FIFO waits for a writer forever);
 - JSON lines json refuses beyond syntax: an integer over 4300 digits, nesting too deep, half of a
@@ -61,6 +63,44 @@ case("eval_reply_over_context", ["eval.max_new_tokens=9000 is at or over the mod
     lambda w: ["train", *w.base(None, "eval.max_new_tokens=9000", "train.eval_before=false")])
 case("prompt_and_reply_over_context", ["prompt has", "with rollout.max_new_tokens=8190 that is", "8192"])(
     lambda w: ["train", *w.base(None, "rollout.max_new_tokens=8190")])
+
+
+def _short(w: World) -> str:
+    """The tiny model with a 256-token context (max_position_embeddings; its tokenizer says 8192)."""
+    from model_helpers import model_with_config
+
+    return model_with_config(w.tiny, w.tmp / "short", max_position_embeddings=256)
+
+
+case("prompt_budget_over_context", ["rollout.max_prompt_tokens=512 + rollout.max_new_tokens=4 = 516",
+                                    "context of 256", "at most 252"])(
+    lambda w: ["train", *w.base(None, f"model.name={_short(w)}", "rollout.max_prompt_tokens=512")])
+case("eval_prompt_budget_over_context", ["rollout.max_prompt_tokens=240 + eval.max_new_tokens=20", "context of 256"])(
+    lambda w: ["eval", *w.base(None, f"model.name={_short(w)}", "rollout.max_prompt_tokens=240",
+                               "eval.max_new_tokens=20")])
+case("engine_context_over_model", ["engine.max_model_len=1024 is over the model's context of 256 tokens"])(
+    lambda w: ["train", *w.base(None, f"model.name={_short(w)}", "engine.max_model_len=1024")])
+
+
+def _olmo2(w: World) -> str:
+    from model_helpers import tiny_olmo2
+
+    return tiny_olmo2(w.tiny, w.tmp / "olmo2")
+
+
+def _olmo2_on_vllm(w: World) -> list[str]:
+    """What engine.name=vllm on OLMo 2 says: vLLM's Transformers backend cannot share the process with
+    the learner (without vLLM installed: that it is not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return ["engine.name=vllm: vllm is not installed"]
+    return ["engine.name=vllm: vLLM runs Olmo2ForCausalLM only through its Transformers backend", "use engine.name=hf"]
+
+
+case("vllm_cannot_run_architecture", _olmo2_on_vllm)(
+    lambda w: ["train", *[a for a in w.base(None, f"model.name={_olmo2(w)}") if a != "engine.name=hf"],
+               "engine.name=vllm"])
 
 
 

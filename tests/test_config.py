@@ -227,3 +227,13 @@ def test_cli_debug_env_reraises(monkeypatch):
     monkeypatch.setenv("UPSLOPE_DEBUG", "1")
     with pytest.raises(ConfigError):
         main(["config", "show", "train.stepz=3"])
+
+
+def test_a_path_alone_then_its_options_combine():
+    """eval.data=PATH is eval.data.path; a later eval.data.<option> override adds to it, in either order."""
+    from upslope.config import load_config
+
+    for overrides in (["eval.data=/tmp/held.jsonl", "eval.data.prompt_field=question"],
+                      ["eval.data.prompt_field=question", "eval.data.path=/tmp/held.jsonl"]):
+        data = load_config(None, overrides).eval.data
+        assert (data.path, data.prompt_field) == ("/tmp/held.jsonl", "question")

@@ -40,7 +40,12 @@ HELP = ("-h", "--help", "help")
 
 def _quiet_libraries() -> None:
     """No download/loading progress bars or library warnings on stderr: the CLI's own messages
-    (and its one error line) are all a user sees there."""
+    (and its one error line) are all a user sees there. The known noise of vLLM and torch is
+    filtered where it comes from (upslope.logs.quiet)."""
+    from upslope.logs import quiet
+
+    quiet.install()
+    quiet.show_each_warning_once()
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:

@@ -72,17 +72,26 @@ class EngineConfig(Section):
 class DataConfig(Section):
     task: str = opt("arith", "built-in task (arith, gsm8k, math500, humaneval, ...) used when `path` is empty")
     options: dict[str, Any] = opt({}, "options of the task (e.g. ops, digits, count, seed for arith)")
-    path: str | None = opt(None, "JSONL / Parquet file or HF dataset directory instead of a built-in task")
-    split: str | None = opt(None, "split of an HF dataset directory")
-    prompt_field: str = opt("prompt", "field holding the prompt text")
+    path: str | None = opt(None, "JSONL / JSON / CSV / Parquet file, dataset directory (saved, or data files "
+                                 "named by split) or Hugging Face Hub id, instead of a built-in task")
+    split: str | None = opt(None, "split of a dataset directory, Hub dataset or task (default: train for "
+                                  "training, test for evaluation where the source has one)")
+    subset: str | None = opt(None, "configuration (subset) of a Hugging Face Hub dataset, e.g. 'main' for gsm8k")
+    prompt_field: str = opt("prompt", "field holding the prompt text (left at prompt: detected from the "
+                                      "columns, e.g. TRL's conversational prompt, messages, question)")
     messages_field: str | None = opt(None, "field holding chat messages instead of prompt text")
-    answer_field: str | None = opt("answer", "field holding the reference answer")
+    answer_field: str | None = opt("answer", "field holding the reference answer; a dotted path reads nested "
+                                             "fields (left at answer: detected, e.g. reward_model.ground_truth, "
+                                             "solution)")
     system_prompt: str | None = opt(None, "system message prepended to every prompt")
     template: str = opt("{prompt}", "instruction template; {prompt} is replaced by the prompt text")
     limit: int | None = opt(None, "use only the first N examples", ge=1)
     shuffle: bool = opt(True, "training only: shuffle prompt order each epoch (seeded; passed to the sampler)")
     sampler: Plugin = opt(Plugin(name="uniform"), "training only: prompt sampler (registry: sampler) and its options",
                           registry="sampler")
+
+
+DEFAULT_PROMPT_TOKENS = 512  # rollout.max_prompt_tokens when unset (less when the model's context is short)
 
 
 class RolloutConfig(Section):
@@ -95,7 +104,9 @@ class RolloutConfig(Section):
     top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
     max_new_tokens: int | None = opt(None, "most tokens generated per completion (default: the task's, "
                                               "e.g. arith 8, gsm8k 256, math500 512; 256 for data files)", ge=1)
-    max_prompt_tokens: int = opt(512, "longer prompts are an error (or dropped with drop_long_prompts)", ge=1)
+    max_prompt_tokens: int | None = opt(None, "longest prompt in tokens; longer prompts are an error (or dropped "
+                                              "with drop_long_prompts) (default: 512, or what the model's context "
+                                              "leaves beside the reply length when that is less)", ge=1)
     drop_long_prompts: bool = opt(False, "drop prompts over max_prompt_tokens instead of failing")
     max_resample_rounds: int = opt(4, "filters: most extra rollout rounds to refill a filtered batch", ge=0)
 
@@ -239,9 +250,16 @@ class AgentConfig(Section):
         return tools
 
 
+# what an evaluation source takes from the training source unless eval.data sets it: how records read
+INHERITED_DATA_FIELDS = ("prompt_field", "messages_field", "answer_field", "system_prompt", "template")
+
+
 class EvalConfig(Section):
-    data: DataConfig | None = opt(None, "held-out prompts (default: the training task's test split, 200 problems; "
-                                        "a single training file has none, so the file itself, with a warning)")
+    data: DataConfig | None = opt(None, "held-out prompts: a data section, or just a file path (eval.data=test.jsonl); "
+                                        "the field mapping it leaves unset (prompt_field, messages_field, "
+                                        "answer_field, system_prompt, template) is the training data's (default: "
+                                        "the training task's test split, 200 problems; a single training file has "
+                                        "none, so the file itself, with a warning)")
     n: int = opt(1, "samples per prompt", ge=1)
     temperature: float = opt(0.0, "0 means greedy", ge=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
@@ -255,6 +273,12 @@ class EvalConfig(Section):
                                             "selective_risk and aurc (answers ranked by mean token log-prob, "
                                             "abstentions last)")
     write_samples: bool = opt(True, "write every completion and its reward to samples.jsonl")
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _path_alone(cls, data: Any) -> Any:
+        """`eval.data=test.jsonl`: a path alone is the data section's `path`."""
+        return {"path": data} if isinstance(data, str) else data
 
     @field_validator("confidence_pattern", "abstain_pattern")
     @classmethod
@@ -278,10 +302,22 @@ class EvalConfig(Section):
 
 
 class LogConfig(Section):
-    jsonl: bool = opt(True, "write metrics.jsonl in the run directory")
+    jsonl: bool = opt(True, "write metrics.jsonl (and the completion tables, rollouts.jsonl) in the run directory")
     tensorboard: bool = opt(True, "also write TensorBoard events when tensorboard is installed")
+    trackers: list[Plugin] = opt([], "experiment trackers (registry: tracker), e.g. [wandb, mlflow] or "
+                                     "[{name: wandb, options: {project: p, mode: offline}}]: wandb, trackio, "
+                                     "mlflow, tensorboard", registry="tracker")
+    table_every: int = opt(10, "every N steps, a table of sampled prompts, completions and rewards to the trackers "
+                               "and rollouts.jsonl (0: none)", ge=0)
+    table_rows: int = opt(16, "samples in each completion table (the step's first groups)", ge=1)
     progress: bool = opt(True, "live progress display")
     plot: bool = opt(True, "write reward/accuracy plots (PNG) at the end")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        """A tracker may be named alone (`log.trackers=[wandb]`): a plugin with no options."""
+        return [{"name": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
 
 
 LLAMA_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -335,6 +371,7 @@ class Config(Section):
     pipeline: PipelineConfig = opt_factory(PipelineConfig, "asynchronous rollout -> learner pipeline (staleness, "
                                                            "partial groups, streaming)")
     _auto: dict[str, Any] = PrivateAttr(default_factory=dict)  # the values `auto` chose here (auto_choices())
+    _prompt_budget_set: bool = PrivateAttr(default=True)  # rollout.max_prompt_tokens given, not defaulted
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -349,8 +386,12 @@ class Config(Section):
     def _task_defaults(self) -> "Config":
         if self.rollout.max_new_tokens is None:
             self.rollout.max_new_tokens = task_generation_length(self.data)
+        if self.rollout.max_prompt_tokens is None:  # fitted to the model's context once it is known
+            self.rollout.max_prompt_tokens = DEFAULT_PROMPT_TOKENS
+            self._prompt_budget_set = False
         self._auto = {**self._auto, **_resolve_auto(self)}  # also runs on assignment: keep earlier choices
         self._bound_stale_samples()
+        self._inherit_eval_mapping()
         if self.train.precision == "float32" and self.model.dtype != "float32":
             raise ValueError(f"train.precision float32 needs float32 weights, but model.dtype is {self.model.dtype}")
         return self
@@ -365,11 +406,27 @@ class Config(Section):
         if stale and self.pipeline.stale_correction == "token" and self.algo.correction is None:
             self.algo.correction = CorrectionConfig(level="token", cap=2.0)
 
+    def _inherit_eval_mapping(self) -> None:
+        """eval.data reads its records as the training data does (INHERITED_DATA_FIELDS) unless it says
+        otherwise: a chat file trained with data.messages_field is evaluated through its chats too. The
+        fields taken count as set, so the saved config (and a config loaded from it) keeps them."""
+        ev = self.eval.data
+        if ev is None:
+            return
+        taken = {k: getattr(self.data, k) for k in INHERITED_DATA_FIELDS if k not in ev.model_fields_set}
+        if taken:
+            self.eval.data = ev.model_copy(update=taken)
+
     def __eq__(self, other: object) -> bool:
         """Equal options are equal configs, however they were reached (`auto` or written out)."""
         return type(other) is type(self) and self.__dict__ == other.__dict__
 
     __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def prompt_budget_is_default(self) -> bool:
+        """rollout.max_prompt_tokens was left unset (so it may be fitted to a shorter model context)."""
+        return not self._prompt_budget_set
 
     def auto_choices(self) -> dict[str, Any]:
         """{dotted key: value} for each option this config left at `auto` and the machine decided."""
@@ -432,6 +489,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     `a.b.c=value` overrides; validate into a Config."""
     defaults = Config().model_dump(mode="json")
     defaults["rollout"]["max_new_tokens"] = None  # derived from the task after merging
+    defaults["rollout"]["max_prompt_tokens"] = None  # 512, or fitted to the model's context at run time
     defaults["algo"]["old_policy"] = "auto"  # derived from the pipeline after merging (_bound_stale_samples)
     for key in AUTO_KEYS:  # decided from the hardware after merging (explicit values win)
         section, name = key.split(".")
@@ -519,6 +577,15 @@ def check_plugin_names(section: BaseModel, source: str = "config", prefix: str =
             raise ConfigError(f"{source}: {where}: unknown {kind} '{name}'{hint}; known: {', '.join(sorted(known))}")
 
 
+def eval_generation_length(cfg: Config) -> int:
+    """The reply length of evaluation: eval.max_new_tokens, else eval.data's task's (when eval.data is
+    set), else rollout.max_new_tokens."""
+    ev = cfg.eval
+    if ev.max_new_tokens:
+        return ev.max_new_tokens
+    return task_generation_length(ev.data) if ev.data is not None else int(cfg.rollout.max_new_tokens or 0)
+
+
 def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
     """The completion length a built-in task suggests (its registry entry's max_new_tokens)."""
     if data.path:
@@ -582,13 +649,21 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     value = parse_value(text, f"override '{key}'")
     parts = key.strip().split(".")
     node = raw
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         nxt = node.get(p)
+        shorthand = STRING_SHORTHANDS.get(".".join(parts[:i + 1]))
+        if isinstance(nxt, str) and shorthand:  # eval.data=test.jsonl, then eval.data.prompt_field=...
+            nxt = {shorthand: nxt}
+            node[p] = nxt
         if not isinstance(nxt, dict):
             nxt = {}
             node[p] = nxt
         node = nxt
     node[parts[-1]] = value
+
+
+# sections a plain string stands for, as the option that string sets (eval.data=test.jsonl is eval.data.path)
+STRING_SHORTHANDS = {"eval.data": "path"}
 
 
 def dump(config: Config) -> str:

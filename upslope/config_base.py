@@ -108,3 +108,8 @@ class Plugin(Section):
 class RewardSpec(Plugin):
     weight: float = opt(1.0, "weight of this component in the combined reward")
     as_name: str | None = opt(None, "component name in logs (default: the reward's name)")
+    style: Literal["auto", "upslope", "batched", "trl", "verl", "openrlhf"] = opt(
+        "auto", "calling convention of a user function module:function (auto: detected from its signature): "
+                "upslope fn(completion, answer, meta); batched fn(completions, answers, metas); trl "
+                "fn(completions, **columns); verl compute_score(data_source, solution_str, ground_truth, "
+                "extra_info); openrlhf reward_func(queries, prompts, labels)")

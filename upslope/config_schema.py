@@ -88,6 +88,8 @@ def option_rows(model: type[BaseModel], prefix: str = "", leaves: tuple[type, ..
         sub = model_in(field.annotation)
         key = f"{prefix}{name}"
         if sub is not None and sub not in leaves and not _is_list(field.annotation):
+            if field.default is None:  # an optional section (off, or derived, until set): its own help first
+                rows.append((key, "null", field.description or ""))
             rows.extend(option_rows(sub, key + ".", leaves))
         else:
             default = field.default if field.default is not None else "null"

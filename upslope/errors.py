@@ -21,3 +21,8 @@ class DataError(UpslopeError):
 
 class ModelError(UpslopeError):
     """A model or tokenizer cannot be resolved or loaded."""
+
+
+class EngineUnavailable(UpslopeError):
+    """A rollout engine cannot run this model here (an architecture the engine's build lacks, or an
+    engine that failed to start): `engine.name=auto` falls back to the next engine, an explicit name stops."""

@@ -91,8 +91,10 @@ def _converted(gguf: Path, target: Path, announce: Any) -> Path:
 
     check_gguf(gguf)
     check_gguf_header(gguf)
+    from upslope.logs.quiet import GGUF_CONVERT_NOISE, filtered_stderr
+
     announce(f"converting {gguf.name} to a cached Hugging Face model in {target} (once) ...")
-    with atomic_directory(target, prefix=".convert-", replace=True) as tmp:  # our own cache entry
+    with atomic_directory(target, prefix=".convert-", replace=True) as tmp, filtered_stderr(GGUF_CONVERT_NOISE):
         try:
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -293,18 +295,44 @@ def empty_weights() -> Any:
     return init_empty_weights(include_buffers=False)
 
 
-def _set_context_length(tok: Any, path: str) -> None:
-    """Tell the tokenizer the model's context (config max_position_embeddings) when its own
-    model_max_length is the 'unlimited' placeholder, so over-long prompts can be caught."""
-    import json
+# config.json keys that bound a model's positions (vLLM reads the same ones and takes the smallest)
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 
-    if getattr(tok, "model_max_length", 0) and tok.model_max_length < 10**8:
-        return
+
+def config_context_length(path: str | Path) -> int | None:
+    """The model's context in tokens from its config.json (the text model's, for a multimodal one):
+    the smallest of CONTEXT_KEYS, stretched by a linear or dynamic RoPE scaling factor (whose
+    max_position_embeddings is the pre-scaling length); None when the config names none."""
     try:
-        ctx = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return
-    if isinstance(ctx, int) and ctx > 0:
+        mc = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mc, dict):
+        return None
+    text = mc.get("text_config") if isinstance(mc.get("text_config"), dict) else mc
+    lengths = [v for k in CONTEXT_KEYS if isinstance(v := text.get(k), int) and not isinstance(v, bool) and v > 0]
+    if not lengths:
+        return None
+    context = min(lengths)
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("linear", "dynamic") \
+            and "gemma3" not in str(text.get("model_type", "")):  # Gemma 3's length is already scaled
+        factor = rope.get("factor")
+        if isinstance(factor, (int, float)) and factor > 1:
+            context = int(context * factor)
+    return context
+
+
+def _set_context_length(tok: Any, path: str) -> None:
+    """Tell the tokenizer the model's context: the shorter of its own model_max_length (unless that
+    is the 'unlimited' placeholder) and the model config's (config_context_length), so over-long
+    prompts are caught and the engine's budgets fit the model (a tokenizer copied from a larger
+    model keeps that model's length)."""
+    own = getattr(tok, "model_max_length", None)
+    own = own if isinstance(own, int) and 0 < own < 10**8 else None
+    ctx = config_context_length(path)
+    if ctx is not None and (own is None or ctx < own):
         tok.model_max_length = ctx
 
 

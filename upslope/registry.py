@@ -85,6 +85,7 @@ class TaskTraits(Traits):
     reward: str | None = None  # the reward it is scored with by default
     reward_options: dict[str, Any] = field(default_factory=dict)  # that reward's options
     max_new_tokens: int | None = None  # its default rollout.max_new_tokens
+    splits: tuple[str, ...] | None = None  # the splits it has (None: any the source has)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,12 @@ class EngineTraits(Traits):
     install: str | None = None  # how to install it
     auto_rank: int | None = None  # engine.name=auto picks the lowest rank that is installed (None: never)
     copies_policy: bool = False  # generates with a private copy of the policy's weights
+    model_check: Callable[..., Any] | None = None  # (model path) -> why it cannot run that model, or None
+
+
+@dataclass(frozen=True)
+class TrackerTraits(Traits):
+    package: str | None = None  # the package it needs installed
 
 
 @dataclass(frozen=True)
@@ -269,7 +276,8 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",  # token credit
                    "upslope.algos.credit_critic", "upslope.algos.credit_salience",
                    "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
-                   "upslope.algos.weight_search")  # consolidation of weight perturbations (upslope randopt)
+                   "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
+                   "upslope.logs.trackers")  # experiment trackers (log.trackers)
 
 
 def load_builtins() -> None:
@@ -307,3 +315,4 @@ REPLAY: Registry = Registry("replay")
 LOSS_TERMS: Registry = Registry("loss_term")
 ACCEPTS: Registry = Registry("accept")
 CONSOLIDATORS: Registry = Registry("consolidate")
+TRACKERS: Registry = Registry("tracker", TrackerTraits)

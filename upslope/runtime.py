@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from upslope.config import Config
+from upslope.config import Config, eval_generation_length
 from upslope.errors import ConfigError
 from upslope.models import load_tokenizer, resolve_model, stop_token_ids
 from upslope.rewards.context import RewardContext
@@ -25,6 +25,12 @@ class Runtime:
     def create(cls, cfg: Config, announce: Any = print) -> "Runtime":
         path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce)
         tok = load_tokenizer(path, cfg.model.chat_template)
+        from upslope.data.prompts import model_context
+
+        fit_budgets(cfg, model_context(tok), announce)
+        from upslope.rollout.engines import check_engine_runs
+
+        check_engine_runs(cfg.engine, path)
         return cls(cfg, path, tok, stop_token_ids(tok, path), announce=announce)
 
     @property
@@ -32,7 +38,7 @@ class Runtime:
         if self._engine is None:
             # when the run really starts (bad input has been reported by then, as the only line)
             announce_hardware(self.cfg, self.announce)
-            self._engine = build_engine(self.cfg, self.model_path, self.tokenizer)
+            self._engine = build_engine(self.cfg, self.model_path, self.tokenizer, self.announce)
             if self._engine.device != "cpu":
                 self.announce(f"rollout engine: {self._engine.name} on {self._engine.device}")
         return self._engine
@@ -53,17 +59,55 @@ class Runtime:
             self._engine = None
 
 
-def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Engine:
+def build_engine(cfg: Config, model_path: str, tokenizer: Any, announce: Any = print) -> Engine:
     """The run's rollout engine (engine registry), sized for one rollout batch: the in-process one and
     each Ray rollout worker's are built here alike, on the device a learner would use there."""
     from upslope.hardware import learner_device
     from upslope.rollout.engines import make_engine
 
     r = cfg.rollout
-    max_len = r.max_prompt_tokens + max(r.max_new_tokens, cfg.eval.max_new_tokens or 0)
+    max_len = r.max_prompt_tokens + reply_budget(cfg)[1]
     batch_tokens = r.prompts_per_step * r.n * (min(r.max_prompt_tokens, 128) + r.max_new_tokens)
     return make_engine(cfg.engine, model_path, tokenizer, cfg.model.dtype, max_len, kv_tokens=batch_tokens,
-                       threads=engine_threads(cfg), device=learner_device())
+                       threads=engine_threads(cfg), device=learner_device(), announce=announce,
+                       dtype_chosen="engine.dtype" in cfg.auto_choices())
+
+
+def reply_budget(cfg: Config) -> tuple[str, int]:
+    """The longest reply the run's engine must make room for, and the option that sets it: training's
+    rollout.max_new_tokens or evaluation's (eval.max_new_tokens, or eval.data's task's length)."""
+    train = ("rollout.max_new_tokens", int(cfg.rollout.max_new_tokens or 0))
+    ev = eval_generation_length(cfg)
+    return ("eval.max_new_tokens", ev) if ev > train[1] else train
+
+
+def fit_budgets(cfg: Config, context: int | None, announce: Any = print) -> None:
+    """Fit the run's token budgets to the model's `context` (None: unknown, nothing to fit) before any
+    work: prompt + reply must fit in it. An unset rollout.max_prompt_tokens is lowered to what the
+    context leaves beside the longest reply (one note); a combination the user set that cannot fit
+    is one ConfigError line naming the options, as is engine.max_model_len over the context."""
+    if context is None:
+        return
+    from upslope.data.prompts import check_reply_within
+
+    r = cfg.rollout
+    check_reply_within(context, r.max_new_tokens, "rollout.max_new_tokens")
+    reply_option, reply = reply_budget(cfg)
+    check_reply_within(context, reply, reply_option)
+    if r.max_prompt_tokens + reply > context:
+        room = context - reply
+        if cfg.prompt_budget_is_default:
+            r.max_prompt_tokens = room
+            announce(f"rollout.max_prompt_tokens={room}: the model's context of {context} tokens less "
+                     f"{reply_option}={reply}")
+        else:
+            raise ConfigError(f"rollout.max_prompt_tokens={r.max_prompt_tokens} + {reply_option}={reply} = "
+                              f"{r.max_prompt_tokens + reply} tokens, over the model's context of {context}; lower "
+                              f"rollout.max_prompt_tokens to at most {room} (or leave it unset to fit it), or "
+                              f"{reply_option}")
+    if cfg.engine.max_model_len is not None and cfg.engine.max_model_len > context:
+        raise ConfigError(f"engine.max_model_len={cfg.engine.max_model_len} is over the model's context of "
+                          f"{context} tokens; lower it (or leave it unset: prompt + reply budget)")
 
 
 def engine_threads(cfg: Config) -> int:

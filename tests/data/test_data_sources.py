@@ -99,9 +99,9 @@ def test_directory_of_jsonl_files_by_split(tmp_path):
 def test_source_errors(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
         list(read_records(tmp_path / "missing.jsonl"))
-    (tmp_path / "d.csv").write_text("a,b\n")
+    (tmp_path / "d.tsv").write_text("a\tb\n")
     with pytest.raises(DataError, match="unknown data format"):
-        list(read_records(tmp_path / "d.csv"))
+        list(read_records(tmp_path / "d.tsv"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="not a saved HF dataset"):
         list(read_records(tmp_path / "empty"))
@@ -142,6 +142,17 @@ def test_non_text_prompt_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": 12, "answer": 1}])
     with pytest.raises(DataError, match=":1: field 'prompt' must be text, got int"):
         records_to_examples(read_records(path))
+
+
+def test_chat_in_the_prompt_field_names_messages_field(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user", "content": "Hi"}], "answer": 1}])
+    msg = ":1: field 'prompt' must be text, got a list (chat messages?): set data.messages_field=prompt"
+    with pytest.raises(DataError, match=re.escape(msg)):
+        records_to_examples(read_records(path))
+    with pytest.raises(DataError, match=re.escape("set eval.data.messages_field=prompt")):
+        records_to_examples(read_records(path), option_prefix="eval.data")
+    [ex] = records_to_examples(read_records(path), messages_field="prompt")
+    assert ex.prompt == [{"role": "user", "content": "Hi"}]
 
 
 def test_field_mapping_and_template(tmp_path):

@@ -169,3 +169,29 @@ def test_a_run_on_one_training_file_says_its_evaluation_is_not_held_out(tiny_mod
         assert main([*base, f"run_dir={tmp_path / f'r{expected}'}", *extra]) == 0
         out = capsys.readouterr()
         assert " ".join((out.out + out.err).split()).count(warning) == expected
+
+
+def test_eval_data_as_a_path_reads_records_as_the_training_data_does(tiny_model_path, tmp_path):
+    """`eval.data=FILE` is the path; the records are read with the training source's field mapping
+    (here chats under `conv`, answers under `sol`, a system prompt) unless eval.data sets its own."""
+    rows = [{"conv": [{"role": "user", "content": f"What is {i} + 1?"}], "sol": i + 1} for i in range(3)]
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mapping = ["data.messages_field=conv", "data.answer_field=sol", "data.system_prompt=Answer with a number.",
+               "reward=[{name: integer}]"]
+    cfg, summary, samples = run_eval(tiny_model_path, tmp_path / "a", f"eval.data={test}", "eval.n=1", "eval.k=[1]",
+                                     *mapping)
+    assert cfg.eval.data.path == str(test) and cfg.eval.data.messages_field == "conv"
+    assert summary["prompts"] == 3 and [s["answer"] for s in samples] == [1, 2, 3]
+    assert samples[0]["prompt"][0] == {"role": "user", "content": "What is 0 + 1?"}
+    # what eval.data sets wins over the training mapping; the file has no `answer` field: one line naming it
+    with pytest.raises(Exception, match="field 'answer' missing \\(eval.data.answer_field"):
+        run_eval(tiny_model_path, tmp_path / "b", f"eval.data={{path: {test}, answer_field: answer}}", *mapping)
+
+
+def test_eval_data_path_in_a_recipe(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {path: train.jsonl, prompt_field: question}\neval: {data: test.jsonl}\n")
+    cfg = load_config(recipe)
+    assert cfg.eval.data.path == "test.jsonl" and cfg.eval.data.prompt_field == "question"
+    assert cfg.eval.data.task == "arith" and cfg.eval.data.limit is None  # only the mapping is inherited

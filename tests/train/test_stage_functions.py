@@ -62,7 +62,7 @@ def test_kl_penalty_in_reward_by_hand():
     assert b.rewards.tolist() == [1.0, 0.0] and b.token_rewards is None  # input unchanged
 
 
-def test_values_and_returns_by_hand():
+def test_critic_values_then_gae_returns_by_hand():
     """The critic's values are stored; the `critic=True` advantage (gae) then sets the returns once:
     gamma 1, lam 1: the return of every trained token is the outcome reward (no discount), whatever
     the values; gamma 0.5: each step back halves it; lam 0: one-step TD targets."""

@@ -1,8 +1,10 @@
 """Preference pairs from a file (JSONL, Parquet, HF dataset directory): a prompt, a chosen and
-a rejected reply per record, field names configurable. A bad record is one error line
-naming the file, the line (or row) and the field."""
+a rejected reply per record, field names configurable; TRL's preference rows with an implicit prompt
+(no prompt column: chosen and rejected share it as their opening) are split at what they share. A bad
+record is one error line naming the file, the line (or row) and the field."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -33,6 +35,8 @@ def load_pairs(cfg: DPOConfig | RMConfig, section: str = "dpo") -> list[Preferen
     for where, rec in read_records(cfg.path, cfg.split):
         if cfg.limit is not None and len(out) >= cfg.limit:
             break
+        if cfg.prompt_field not in rec and cfg.chosen_field in rec and cfg.rejected_field in rec:
+            rec = implicit_prompt(rec, cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, where)
         prompt = _prompt(rec, cfg.prompt_field, where, f"{section}.prompt_field")
         chosen = _reply(rec, cfg.chosen_field, where, f"{section}.chosen_field")
         rejected = _reply(rec, cfg.rejected_field, where, f"{section}.rejected_field")
@@ -41,6 +45,28 @@ def load_pairs(cfg: DPOConfig | RMConfig, section: str = "dpo") -> list[Preferen
     if not out:
         raise DataError(f"{cfg.path}: no preference pairs in this file")
     return out
+
+
+def implicit_prompt(rec: dict[str, Any], prompt: str, chosen: str, rejected: str, where: str) -> dict[str, Any]:
+    """A preference row with its prompt made explicit: the messages chosen and rejected open with alike, or
+    (for text) their shared opening up to the last whitespace, so no word is split."""
+    a, b = rec[chosen], rec[rejected]
+    if _is_messages(a) and _is_messages(b):
+        k = 0
+        while k < min(len(a), len(b)) - 1 and a[k] == b[k]:
+            k += 1
+        shared, ra, rb = a[:k], a[k:], b[k:]
+    elif isinstance(a, str) and isinstance(b, str):
+        k = len(os.path.commonprefix([a, b]))
+        k = max((i + 1 for i in range(k) if a[i].isspace()), default=0)
+        shared, ra, rb = a[:k].rstrip(), a[k:], b[k:]
+        ra, rb = (" " + ra, " " + rb) if shared and a[k - 1] == " " else (ra, rb)
+    else:
+        shared, ra, rb = None, a, b
+    if not shared:
+        raise DataError(f"{where}: no '{prompt}' field, and '{chosen}' and '{rejected}' share no opening to take as "
+                        f"the prompt (TRL's implicit prompt); add a '{prompt}' field")
+    return {**rec, prompt: shared, chosen: ra, rejected: rb}
 
 
 def encode_reply(tokenizer: Any, text: str, end_id: int) -> list[int]:

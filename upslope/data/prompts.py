@@ -39,11 +39,11 @@ def encode_prompts(examples: Sequence[Example], tokenizer: Any, *, system_prompt
     kept: list[int] = []
     for i, slot in enumerate(slot_of):
         toks = encoded[slot]
-        if context is not None and len(toks) + new >= context:
+        if context is not None and len(toks) + new > context:
             if drop_long:
                 continue
             size = f"; with {new_tokens_option}={new} that is {len(toks) + new}," if new else ","
-            raise DataError(f"{where_of[i]}: prompt has {len(toks)} tokens{size} at or over the model's context of "
+            raise DataError(f"{where_of[i]}: prompt has {len(toks)} tokens{size} over the model's context of "
                             f"{context} tokens (shorten it, or set rollout.drop_long_prompts=true to drop such prompts)")
         if max_prompt_tokens is not None and len(toks) > max_prompt_tokens:
             if drop_long:
@@ -64,7 +64,11 @@ def model_context(tokenizer: Any) -> int | None:
 def check_reply_fits(tokenizer: Any, max_new_tokens: int | None, option: str) -> None:
     """A reply length at or over the model's context is a ConfigError naming `option` (sampling past the
     context runs beyond the positions the model was trained on, for as long as the number says)."""
-    context = model_context(tokenizer)
+    check_reply_within(model_context(tokenizer), max_new_tokens, option)
+
+
+def check_reply_within(context: int | None, max_new_tokens: int | None, option: str) -> None:
+    """check_reply_fits against a context length (None: unknown, no check)."""
     if context is not None and max_new_tokens and max_new_tokens >= context:
         raise ConfigError(f"{option}={max_new_tokens} is at or over the model's context of {context} tokens "
                           f"(prompt and reply must fit in it together)")

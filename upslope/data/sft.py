@@ -1,6 +1,7 @@
 """Supervised fine-tuning data: rows of a JSONL/Parquet file or dataset directory, each a chat
-(`data.messages_field`) or a prompt/response pair, turned into token ids and an
-assistant-only loss mask through the model's chat template.
+(`data.messages_field`) or a prompt/response pair (or one of TRL's SFT layouts: `messages`, or
+`prompt` + `completion`), turned into token ids and an assistant-only loss mask through the model's
+chat template.
 
 A prompt goes through the same path as RL prompts (data.template, data.system_prompt, the
 chat template); a chat row gets data.system_prompt when it has no system message. A bad
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from upslope.data.chat import assistant_mask
+from upslope.data.formats import is_messages
 from upslope.data.sources import apply_template, read_records, require_messages, require_text
 from upslope.data.types import Example
 from upslope.errors import DataError
@@ -48,20 +50,47 @@ def load_conversations(data: DataConfig, response_field: str) -> list[Conversati
     for where, rec in read_records(data.path, data.split):
         if data.limit is not None and len(out) >= data.limit:
             break
-        if data.messages_field:
-            prompt: Any = require_messages(rec, data.messages_field, where)
+        trl = trl_conversation(rec, data, response_field, where)
+        if trl is not None:
+            prompt: Any = trl
+        elif data.messages_field:
+            prompt = require_messages(rec, data.messages_field, where)
         else:
             text = require_text(rec, data.prompt_field, where, "data.prompt_field",
-                         " (chat rows: set data.messages_field, e.g. data.messages_field=messages)")
+                         " (chat rows: set data.messages_field, e.g. data.messages_field=messages)",
+                         messages_option="data.messages_field")
             reply = require_text(rec, response_field, where, "sft.response_field")
             prompt = [{"role": "user", "content": apply_template(data.template, text, rec, where)},
                       {"role": "assistant", "content": reply}]
         msgs = Example(prompt=prompt).messages(data.system_prompt)
-        meta = {k: v for k, v in rec.items() if k not in (data.messages_field, data.prompt_field, response_field)}
+        used = (data.messages_field, data.prompt_field, response_field, *(TRL_SFT_FIELDS if trl is not None else ()))
+        meta = {k: v for k, v in rec.items() if k not in used}
         out.append(Conversation(msgs, where, meta))
     if not out:
         raise DataError(f"{data.path}: no rows to train on")
     return out
+
+
+TRL_SFT_FIELDS = ("prompt", "completion", "messages")
+
+
+def trl_conversation(rec: dict[str, Any], data: DataConfig, response_field: str,
+                     where: str) -> list[dict[str, Any]] | None:
+    """A row in one of TRL's SFT layouts, as a conversation, when the config's fields are at their
+    defaults: `messages` (conversational language modeling), or `prompt` + `completion` (standard
+    text, or conversational message lists); None for any other row (read by the configured fields)."""
+    if data.messages_field is not None or data.prompt_field != "prompt" or response_field in rec:
+        return None
+    if "prompt" not in rec and is_messages(rec.get("messages")):
+        return require_messages(rec, "messages", where)
+    prompt, completion = rec.get("prompt"), rec.get("completion")
+    if is_messages(prompt) and is_messages(completion):
+        return require_messages(rec, "prompt", where) + require_messages(rec, "completion", where)
+    if isinstance(prompt, str) and isinstance(completion, str) and response_field == "response":
+        text = require_text(rec, "prompt", where, "data.prompt_field")
+        return [{"role": "user", "content": apply_template(data.template, text, rec, where)},
+                {"role": "assistant", "content": require_text(rec, "completion", where, "sft.response_field")}]
+    return None
 
 
 def encode_conversations(convs: Sequence[Conversation], tokenizer: Any, stop_ids: Sequence[int], *,

@@ -26,7 +26,8 @@ def _data_file(path: str | None, *parts: str) -> Path:
     return p
 
 
-@TASKS.register("arith", reward="integer", reward_options={"extract": "first_result", "strict": True}, max_new_tokens=8)
+@TASKS.register("arith", reward="integer", reward_options={"extract": "first_result", "strict": True}, max_new_tokens=8,
+                splits=("train", "test"))
 def arith(*, split: str = "train", ops: str = "*", digits: PositiveCount = 1, count: PositiveCount = 10000,
           seed: int = 0,
           allow_zero: bool = False, prompt: str = "What is {a} {op} {b}?", prefill: str = "") -> list[Example]:
@@ -45,6 +46,7 @@ def arith(*, split: str = "train", ops: str = "*", digits: PositiveCount = 1, co
     Each example's meta holds a, b, op and `carries`, a difficulty field to cluster by: the
     column carries of a + b, the borrows of max - min for -, the digit products >= 10 for *.
     """
+    _check_split("arith", split, ("train", "test"))
     for op in ops:
         if op not in _OPS:
             raise DataError(f"data.options.ops: unknown operation '{op}' (use any of + - *)")
@@ -79,11 +81,16 @@ def carries(a: int, b: int, op: str) -> int:
     return count
 
 
+def _check_split(task: str, split: str, splits: tuple[str, ...]) -> None:
+    if split not in splits:
+        raise DataError(f"data.split={split!r}: task '{task}' has only the split(s) {', '.join(splits)}")
+
+
 def _gsm8k_answer(text: str) -> str:
     return text.split("####")[-1].strip().replace(",", "")
 
 
-@TASKS.register("gsm8k", reward="math", max_new_tokens=256)
+@TASKS.register("gsm8k", reward="math", max_new_tokens=256, splits=("train", "test"))
 def gsm8k(*, split: str = "test", path: str | None = None,
           instruction: str = "{prompt}\nPut your final answer after '####'.") -> list[Example]:
     """Grade-school math word problems (GSM8K); the reference is the number after '####'.
@@ -102,9 +109,10 @@ def gsm8k(*, split: str = "test", path: str | None = None,
 
 
 def _competition(name: str, folder: str):
-    @TASKS.register(name, reward="math", max_new_tokens=512)
+    @TASKS.register(name, reward="math", max_new_tokens=512, splits=("test",))
     def task(*, split: str = "test", path: str | None = None,
              instruction: str = "{prompt}\nPut your final answer within \\boxed{{}}.") -> list[Example]:
+        _check_split(name, split, ("test",))
         file = _data_file(path, folder, "test.jsonl")
         examples = records_to_examples(read_records(file), prompt_field="problem", answer_field="answer",
                                        template=instruction)
@@ -113,7 +121,8 @@ def _competition(name: str, folder: str):
         return examples
 
     task.__doc__ = (f"{name}: competition math problems with a reference answer (math-verify reward).\n\n"
-                    f"split: ignored: the task reads only {folder}/test.jsonl in the shared data\n"
+                    f"split: 'test', the only split ({folder}/test.jsonl in the shared data); training on it "
+                    f"reads the same problems as evaluation, which the run reports\n"
                     "path: a .jsonl file to read instead (fields problem, answer)\n"
                     "instruction: prompt template; {prompt} is the problem")
     return task

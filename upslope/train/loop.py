@@ -12,17 +12,18 @@ import torch
 
 from upslope import checkpoint as ckpt
 from upslope.config import Config, dump
-from upslope.data import is_single_file, load_examples
+from upslope.data import is_single_file, load_examples, overlap
 from upslope.data.prompts import check_reply_fits, encode_prompts
 from upslope.data.samplers import make_sampler, sampler_examples
 from upslope.data.types import Example
 from upslope.distributed import group
-from upslope.eval.runner import eval_data_config, evaluate
+from upslope.eval.runner import evaluate, load_eval_examples
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
-from upslope.logs.sinks import MetricsLogger, read_metrics
+from upslope.logs.sinks import MetricsLogger, read_metrics, sample_rows, tracker_plugins
 from upslope.registry import REWARD_COMBINERS
-from upslope.rewards import build_reward_fns, check_answers
+from upslope.rewards import build_reward_fns, check_rewards
+from upslope.rewards.context import RewardContext
 from upslope.rollout.plugin import make_rollout, rollout_fn
 from upslope.runtime import Runtime
 from upslope.seeding import seed_step
@@ -46,11 +47,12 @@ class BaseTrainer:
         group.init_from_env(cfg.dist.backend, default_device())  # a learner rank (torchrun or `spawn`)
         self.main = group.is_main()  # rank 0 owns the engine, data order, rewards, logs and checkpoints
         if not self.main:
-            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update=dict.fromkeys(
-                ("jsonl", "tensorboard", "progress", "plot"), False))})
+            cfg = cfg.model_copy(update={"log": cfg.log.model_copy(update={**dict.fromkeys(
+                ("jsonl", "tensorboard", "progress", "plot"), False), "trackers": []})})
         self.cfg = cfg
         self.report = Report(enabled=self.main)
         self.check_config()
+        tracker_plugins(cfg.log)  # a tracker that is not installed fails before the model loads
         rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or max((os.cpu_count() or 1) // group.world(), 1))
@@ -60,13 +62,18 @@ class BaseTrainer:
         self.runtime = Runtime.create(cfg, announce=self.report.note)
         self.rollout = make_rollout(cfg, self.runtime.tokenizer)
         self.clock = StageClock()
-        self.eval_examples = load_examples(eval_data_config(cfg), "test")
+        self.eval_examples = load_eval_examples(cfg)
         self.sampler: Any = None
         self.task: Task | None = None
+        self.reward_context: RewardContext | None = None  # what the training rewards may use (setup_task)
         self.rounds: Rounds | None = None  # how a step collects its batch (None: it does not sample)
         self.keep: Keep | None = None  # which collected groups it keeps (None: all)
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
+        held_out = self.eval_examples[: cfg.eval.limit] if cfg.eval.limit else self.eval_examples
+        shared = overlap([e for e in getattr(self, "examples", []) if isinstance(e, Example)], held_out)
+        self.eval_overlap = (shared, len(held_out)) if shared else None  # logged beside every evaluation
+        self.overlap_to_say: tuple[int, int] | None = None  # ... and said once, beside the first result
         self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
@@ -83,7 +90,8 @@ class BaseTrainer:
             self.source.start()  # now, so no step's timing includes its start-up
         elif self.uses_engine and self.main:
             self.runtime.engine
-        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None)
+        self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None,
+                                    config=cfg.model_dump(mode="json"), announce=self.report.note)
 
     def open_rollouts(self) -> tuple[BatchSource | None, WeightSink | None]:
         """The batch source of a method that samples (`self.rounds` set) and the sink its weights go to:
@@ -152,15 +160,19 @@ class BaseTrainer:
         with `rewards`, the reward functions and their combiner: what every method that samples
         from the policy needs."""
         cfg = self.cfg
-        examples = load_examples(cfg.data, "train")
+        examples = load_examples(cfg.data, "train", announce=self.report.note)
         examples += sampler_examples(cfg.data, examples)  # prompts a sampler adds (TD-Grokking's subproblems)
         self.prompt_ids, self.examples = self.encode_prompts(examples, cfg.rollout.max_new_tokens)
         check_reply_fits(self.runtime.tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")  # before any work
         self.sampler = make_sampler(cfg.data, len(self.examples), cfg.train.seed, self.examples)
         # the Ray rollout workers (dist.rollout_workers) hold the current weights; the local engine does not
         self.reward_context = self.runtime.reward_context(engine=not cfg.dist.rollout_workers)
+        self.reward_context.total_steps = cfg.train.steps
         self.reward_fns = build_reward_fns(cfg.reward, cfg.data, self.reward_context) if rewards else []
-        check_answers(self.reward_fns, self.examples)
+        for rf in self.reward_fns:
+            if rf.note:
+                self.report.note(rf.note)
+        check_rewards(self.reward_fns, self.examples)
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
         tok = self.runtime.tokenizer
@@ -185,6 +197,8 @@ class BaseTrainer:
         if cfg.eval.data is None and is_single_file(cfg.data):  # warned here, after every check
             self.report.warn(f"evaluation reads the training file {cfg.data.path} (one file has no held-out "
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
+        else:
+            self.overlap_to_say = self.eval_overlap  # said beside the first evaluation's result
         if self.start_step:
             self.push_weights()
         results: dict[str, Any] = {}
@@ -195,6 +209,7 @@ class BaseTrainer:
             for step in range(self.start_step + 1, last + 1):
                 metrics = self.timed_step(step)
                 self.logger.log(step, metrics)
+                self.log_table(step)
                 if self.main:
                     display.update(step, metrics)
                 if ((t.eval_every and step % t.eval_every == 0) or step in t.eval_at) and step != t.steps:
@@ -209,10 +224,20 @@ class BaseTrainer:
         self.finish(results)
         return results
 
+    def log_table(self, step: int) -> None:
+        """Every log.table_every steps (and at the first), the step's first sampled completions with their
+        rewards, to rollouts.jsonl and the trackers."""
+        every = self.cfg.log.table_every
+        samples = self.source.last_seen if self.source is not None else None
+        if self.main and every and samples is not None and samples.size and (step % every == 0 or step == 1):
+            self.logger.table(step, sample_rows(samples, step, self.cfg.log.table_rows))
+
     def timed_step(self, step: int) -> dict[str, Any]:
         """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
         self.clock.reset()
         self.current_step = step
+        if self.reward_context is not None:  # the step the rewards are told about (a schedule may read it)
+            self.reward_context.step = step
         with self.clock("step"):
             metrics = self.step(step)
         metrics.update(self.clock.metrics())
@@ -229,9 +254,19 @@ class BaseTrainer:
             return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
                            show_progress=self.cfg.log.progress)
-        self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        metrics = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        if self.eval_overlap:  # the share of the held-out prompts that are training prompts, beside the accuracy
+            metrics["eval/train_overlap"] = self.eval_overlap[0] / self.eval_overlap[1]
+        self.logger.log(step, metrics)
         self.report.result(f"eval @ step {step}: accuracy {summary['accuracy']:.3f} "
                            f"({summary['prompts']} prompts, {summary['tokens_per_s']:.0f} tok/s)")
+        if self.overlap_to_say:
+            n, total = self.overlap_to_say
+            share = f"all {total}" if n == total else f"{n} of {total}"
+            self.report.warn(f"evaluation: {share} held-out prompts are also training prompts (same prompt and "
+                             f"answer), so the held-out accuracy is {'' if n == total else 'partly '}measured on "
+                             f"training data; set eval.data to a disjoint set")
+            self.overlap_to_say = None
         return summary
 
     def save(self, step: int) -> Path:
@@ -295,4 +330,6 @@ class BaseTrainer:
         if self.source is not None:
             self.source.close()
             self.source = None
+        if getattr(self, "logger", None) is not None:  # a run that stopped early still finishes its tracker runs
+            self.logger.close()
         self.runtime.close()

@@ -360,6 +360,7 @@ class RayPipeline:
         self.stop_ids, self.clock, self.run_dir = stop_ids, clock, run_dir
         self.pipe = RolloutPipe(cfg, task, task.pad_id, version, warn=warn)
         self.push_seconds = 0.0
+        self.last_seen: Batch | None = None
 
     def start(self) -> None:
         """Nothing: the workers' engines are up once the pipeline exists."""
@@ -388,6 +389,7 @@ class RayPipeline:
                       on_kept=stream.add if stream is not None else None)
         got.metrics["pipeline/max_lag"] = float(feed.max_lag)
         got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
+        self.last_seen = got.seen
         return got
 
     def push(self, weights: Weights, version: int) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import torch
 
+from upslope.batch import Batch
 from upslope.config import Config
 from upslope.distributed import group
 from upslope.rollout.base import SamplingParams
@@ -32,6 +33,7 @@ class BatchSource(Protocol):
     """Where a step's batch comes from."""
 
     streams: bool  # can it hand a step's kept groups to a streamed update as they arrive?
+    last_seen: Batch | None  # everything the latest `next` sampled, scored (the run's completion table)
 
     def start(self) -> None:
         """Start what it generates with (before step 1, so no step's timing includes its start-up)."""
@@ -86,6 +88,7 @@ class LocalCollector:
                  rollout: RolloutFn, clock: StageClock):
         self.cfg, self.runtime, self.task, self.sampler = cfg, runtime, task, sampler
         self.rounds, self.keep, self.rollout, self.clock = rounds, keep, rollout, clock
+        self.last_seen: Batch | None = None
 
     def start(self) -> None:
         if group.is_main():
@@ -100,6 +103,7 @@ class LocalCollector:
                       self.keep, clock=self.clock)
         got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
         engine.sleep()
+        self.last_seen = got.seen
         return group.broadcast(got)
 
     def step_metrics(self, clock: StageClock, step: int) -> dict[str, float]:

@@ -22,7 +22,8 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
     PlacedReward, e.g. the process reward's step scores) also sets batch.token_rewards."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
-    result = score(reward_fns, texts, answers, batch.meta, fallback)
+    ids = completion_token_ids(batch) if any(rf.token_ids for rf in reward_fns) else None
+    result = score(reward_fns, texts, answers, batch.meta, fallback, token_ids=ids)
     components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
     combined = combiner(components, batch.group_ids, weights=result.weights).float()
     # a rollout may shape a sample's reward: batch.reward_scale multiplies it, batch.reward_override replaces it
@@ -37,8 +38,15 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
         batch = replace(batch, token_rewards=token_rewards)
         metrics["token_rewards/unplaced"] = float(unplaced)
     metrics.update({f"reward_failures/{k}": float(v) for k, v in result.failures.items()})
+    metrics.update({f"reward_not_applicable/{k}": float(v) for k, v in result.not_applicable.items()})
     metrics.update({f"sandbox/{k}": float(v) for k, v in status_counts(batch.meta).items()})
     return batch, metrics, result.errors
+
+
+def completion_token_ids(batch: Batch) -> list[list[int]]:
+    """Each sample's completion tokens (what the policy generated, padding cut off)."""
+    return [batch.input_ids[i, int(p):int(e)].tolist()
+            for i, (p, e) in enumerate(zip(batch.prompt_lens.tolist(), batch.seq_lens.tolist()))]
 
 
 def check_reward_failures(metrics: dict[str, float], errors: dict[str, str], size: int) -> None:

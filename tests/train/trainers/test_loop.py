@@ -163,7 +163,7 @@ def test_bad_input_is_one_clear_line(args, expected, capsys):
 
 def test_bad_data_and_rewards_fail_in_one_line(tiny_model_path, tmp_path, capsys):
     data = tmp_path / "d.jsonl"
-    data.write_text('{"question": "1+1?", "answer": 2}\n')
+    data.write_text('{"query": "1+1?", "answer": 2}\n')  # 'question' would be detected as the prompt
     base = tiny_overrides(tiny_model_path, tmp_path / "r", "train.steps=1")
     assert main(["train", *base, f"data.path={data}"]) == 2
     assert "field 'prompt' missing" in capsys.readouterr().err

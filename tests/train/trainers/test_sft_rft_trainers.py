@@ -169,7 +169,8 @@ def test_recipes_run_two_steps(recipe, cls, tiny_model_path, tmp_path):
     (["sft", f"data.path={CHAT}", "algo.kl_coef=0.1"], "upslope sft has no KL term"),
     (["sft", f"data.path={CHAT}", "sft.batch_size=0"], "sft.batch_size: Input should be greater than or equal to 1"),
     (["sft", f"data.path={CHAT}", "sft.dtf=true"], "did you mean 'sft.dft'"),
-    (["sft", f"data.path={CHAT}"], "chat.jsonl:1: field 'prompt' missing (data.prompt_field"),
+    (["sft", f"data.path={CHAT}", "data.prompt_field=question"],  # (its `messages` rows read without it)
+     "chat.jsonl:1: field 'question' missing (data.prompt_field"),
     (["rft", "optim.schedule=cosine"], "upslope rft needs a constant schedule"),
     (["rft", "rft.trheshold=1"], "did you mean 'rft.threshold'"),
 ])
