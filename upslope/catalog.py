@@ -65,7 +65,7 @@ def _portable(value: Any) -> Any:
 
 def traits_of(entry: Entry[Any]) -> str:
     """The registry flags the loop reads (e.g. zero_at_zero_advantage=True), as `k=v` text."""
-    shown = {k: getattr(v, "__name__", v) if callable(v) else v for k, v in entry.attrs.items()}
+    shown = {k: getattr(v, "__name__", v) if callable(v) else v for k, v in entry.shown_traits().items()}
     return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
 
 
@@ -98,7 +98,7 @@ def plugins_text(kind: str | None = None) -> str:
         for e in entries:
             user = "" if e.module.startswith("upslope.") else f" [{e.module}]"
             lines.append(f"  {e.name}: {e.summary() or '(no docstring)'}{user}")
-            if e.attrs:
+            if e.shown_traits():
                 lines.append(f"      traits: {traits_of(e)}")
             for o in options_of(e):
                 lines.append(f"      {o.name}: {o.type} = {o.default}" + (f"  # {o.help}" if o.help else ""))

@@ -91,8 +91,8 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
                               f"(module:function); '{spec.name}' is a registered reward")
         entry = REWARDS.get(spec.name, f"reward[{i}].name")
         fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
-            bool(entry.attrs.get("batched"))
-        if entry.attrs.get("context"):
+            bool(entry.traits.batched)
+        if entry.traits.context:
             import functools
 
             from upslope.errors import ConfigError
@@ -131,7 +131,7 @@ def answer_check(spec: RewardSpec) -> Callable[[Any], Any] | None:
     reward's options); user functions `module:function` have none."""
     if ":" in spec.name:
         return None
-    check = REWARDS.get(spec.name).attrs.get("answer")
+    check = REWARDS.get(spec.name).traits.answer
     return None if check is None else (lambda answer: check(answer, spec.options))
 
 
@@ -167,7 +167,7 @@ def places_tokens(spec: RewardSpec) -> bool:
     function of its options); user functions `module:function` do not."""
     if ":" in spec.name:
         return False
-    trait = REWARDS.get(spec.name).attrs.get("places_tokens")
+    trait = REWARDS.get(spec.name).traits.places_tokens
     return bool(trait(spec.options)) if trait is not None else False
 
 

@@ -110,7 +110,7 @@ def test_file_pairs_reference_computed_once_before_the_first_update(tiny_model_p
     first, *later = t.counts
     assert first["policy_nograd"] > 0 and first["policy_grad"] > 0
     assert all(c["policy_nograd"] == 0 and c["policy_grad"] > 0 and c["ref_passes"] == 0 for c in later)
-    assert not t.updater.has_reference  # no second model
+    assert t.updater._reference is None  # no second model
     assert sorted(t.ref_cache) == [0, 1, 2, 3]
     for chosen, rejected in t.ref_cache.values():
         assert (chosen < 0).all() and (rejected < 0).all()
@@ -123,7 +123,7 @@ def test_on_policy_reference_once_per_rollout_batch(loss, passes, tiny_model_pat
                  "train.epochs_per_batch=2"), count_calls)
     assert [c["ref_passes"] for c in t.counts] == [passes, passes]
     assert all(c["policy_nograd"] == 0 for c in t.counts)
-    assert t.updater.has_reference == bool(passes)
+    assert (t.updater._reference is not None) == bool(passes)
 
 
 def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):

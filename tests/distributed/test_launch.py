@@ -1,5 +1,5 @@
-"""`upslope train dist.learner_procs=N`: bad combinations are one error line before any rank
-starts; a real 2-rank run (spawned by upslope, gloo, the tiny model, the HF engine) writes a
+"""`upslope train dist.learner_procs=N` (and `upslope.train(cfg)`): bad combinations are one error
+line before any rank starts; a real 2-rank run (spawned by upslope, gloo, the tiny model, the HF engine) writes a
 checkpoint with DCP shards and the gathered HF model, which one process resumes."""
 from __future__ import annotations
 
@@ -116,3 +116,18 @@ def test_lora_on_fsdp_resumes_a_one_process_adapter_and_exports_it(tiny_model_pa
         assert torch.allclose(load_model(str(out)).eval()(input_ids=ids).logits, adapted(input_ids=ids).logits,
                               atol=1e-4)
     capsys.readouterr()
+
+
+def test_python_api_checks_the_run_directory_as_the_command_line_does(tiny_model_path, tmp_path):
+    """`upslope.train(cfg)` (still the function after the trainers are imported) refuses a run directory
+    that holds a run before any work, as `upslope train` does."""
+    import upslope
+    import upslope.train.trainers.rl  # noqa: F401  (loading the package must not rebind upslope.train)
+    from upslope.config import load_config
+    from upslope.errors import ConfigError
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="holds an earlier run"):
+        upslope.train(load_config(None, [f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN]))

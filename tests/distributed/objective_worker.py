@@ -15,10 +15,10 @@ from batch_helpers import grouped_rl_batch
 from shard_worker import STEPS, config, full_weights
 
 from upslope.batch import Batch
-from upslope.dist import group
+from upslope.distributed import group
 from upslope.registry import DISTILL_LOSSES, PREFERENCE_LOSSES
 from upslope.train.learner.objectives import BradleyTerryObjective, DistillObjective, PreferenceObjective
-from upslope.train.learner.scalar import scalar_loader
+from upslope.scalar_head import scalar_loader
 from upslope.train.learner.updater import Updater
 from upslope.train.methods.critic import Critic
 from upslope.train.methods.pair_batch import pair_batch

@@ -1,4 +1,4 @@
-"""Hostile programs added after the first suite (hostile_cases.py): lenient tests that catch
+"""Hostile programs that spend resources sideways (the first suite is hostile_cases.py): lenient tests that catch
 exceptions, kernel memory in socket buffers, and memory the checker spends on a program's values."""
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ class ScalarHeadModel(torch.nn.Module):
     """`net`: an HF `...ForSequenceClassification` with `num_labels=1` whose head is `net.score`."""
 
     # its forwards: an FSDP-sharded root gathers its own weights (embeddings, final norm, head) only
-    # around a registered forward method (`upslope.dist.shard.shard_model`)
+    # around a registered forward method (`upslope.distributed.shard.shard_model`)
     forward_methods = ("token_values",)
 
     def __init__(self, net: Any):
@@ -60,6 +60,13 @@ class ScalarHeadModel(torch.nn.Module):
 
     def load_state_dict(self, state: Any, strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
         return self.net.load_state_dict(state, strict=strict, assign=assign)
+
+
+def token_values(model: ScalarHeadModel, mb: Any) -> torch.Tensor:
+    """[n, L] values of a Batch's rows aligned to tokens: values[:, t] = V(the state that chooses token t),
+    0 off the loss mask (PPO's critic)."""
+    v = model.token_values(mb.input_ids, mb.attention_mask)
+    return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], 1) * mb.loss_mask
 
 
 def score_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int | None) -> torch.Tensor:

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from upslope.config import DistConfig, ModelConfig, OptimConfig, TrainConfig
-from upslope.dist import group
-from upslope.dist.group import world
+from upslope.distributed import group
+from upslope.distributed.group import world
 from upslope.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ import torch
 
 from upslope import checkpoint as ckpt
 from upslope.algos.kl import k3
-from upslope.algos.trust import DualController, improvement_proxy
+from upslope.algos.trust import DiscrepancyConstraint, DualController, improvement_proxy
 from upslope.config import load_config
 from upslope.errors import ConfigError
 from upslope.train.trainers.rl import Trainer
@@ -59,23 +59,29 @@ def run(model: str, run_dir: Path, *extra: str) -> tuple[Trainer, list[dict]]:
     return trainer, [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def dcmdp_term(trainer: Trainer) -> DiscrepancyConstraint:
+    """The run's DCMDP loss term."""
+    (term,) = [t for t in trainer.objective.terms if isinstance(t, DiscrepancyConstraint)]
+    return term
+
+
 def test_dcmdp_multiplier_follows_the_discrepancy_and_is_checkpointed(tiny_model_path, tmp_path):
     trainer, rows = run(tiny_model_path, tmp_path / "dcmdp", "train.steps=2", "train.save_every=2",
-                        "algo.discrepancy={init: 0.5, lr: 10.0, tolerance: 0.0}")
+                        "algo.terms=[{name: dcmdp, options: {init: 0.5, lr: 10.0, tolerance: 0.0}}]")
     steps = [r for r in rows if "dcmdp/lambda" in r]
     assert len(steps) == 2 and steps[0]["dcmdp/lambda"] == 0.5
     assert all(r["dcmdp/discrepancy"] >= 0 for r in steps)
     want = max(0.0, 0.5 + 10.0 * steps[0]["dcmdp/discrepancy"])
     assert steps[1]["dcmdp/lambda"] == pytest.approx(want)
     final = max(0.0, want + 10.0 * steps[1]["dcmdp/discrepancy"])
-    assert trainer.objective.dual.value == pytest.approx(final)
+    assert dcmdp_term(trainer).dual.value == pytest.approx(final)
     state = ckpt.load_trainer_state(ckpt.find_checkpoint(tmp_path / "dcmdp", "latest"))
-    assert state["objective"]["dual"]["value"] == pytest.approx(final)
+    assert state["loss_terms"][str(trainer.objective.terms.index(dcmdp_term(trainer)))]["value"] == pytest.approx(final)
     resumed = Trainer(load_config(None, overrides(tiny_model_path, tmp_path / "dcmdp", "train.steps=3",
                                                   "train.resume=latest",
-                                                  "algo.discrepancy={init: 0.5, lr: 10.0, tolerance: 0.0}")))
+                                                  "algo.terms=[{name: dcmdp, options: {init: 0.5, lr: 10.0, tolerance: 0.0}}]")))
     try:
-        assert resumed.objective.dual.value == pytest.approx(final)
+        assert dcmdp_term(resumed).dual.value == pytest.approx(final)
     finally:
         resumed.close()
 
@@ -83,7 +89,7 @@ def test_dcmdp_multiplier_follows_the_discrepancy_and_is_checkpointed(tiny_model
 @pytest.mark.parametrize("min_gain, accepted", [(1e9, False), (-1e9, True)], ids=["vetoed", "accepted"])
 def test_mipu_veto_restores_the_weights_exactly(min_gain, accepted, tiny_model_path, tmp_path):
     cfg = load_config(None, overrides(tiny_model_path, tmp_path / "mipu", "train.steps=1",
-                                      f"algo.accept={{min_gain: {min_gain}}}"))
+                                      f"algo.accept={{name: mipu, options: {{min_gain: {min_gain}}}}}"))
     trainer = Trainer(cfg)
     try:
         before = {n: p.detach().clone() for n, p in trainer.updater.model.named_parameters()}
@@ -103,6 +109,7 @@ def test_mipu_veto_restores_the_weights_exactly(min_gain, accepted, tiny_model_p
 
 def test_dcmdp_adds_lambda_times_the_discrepancy_to_the_rl_loss():
     from upslope.batch import build_batch
+    from upslope.train.learner.logprobs import HeadOutput
     from upslope.train.learner.objectives import RLObjective
 
     mb = build_batch(prompt_ids=[[7], [7]], completion_ids=[[5, 6], [5, 6]],
@@ -113,12 +120,11 @@ def test_dcmdp_adds_lambda_times_the_discrepancy_to_the_rl_loss():
     norms = {"num_tokens": float(mb.loss_mask.sum()), "num_seqs": 2.0}
 
     def loss_with(extra: list[str]) -> tuple[torch.Tensor, dict]:
-        cfg = load_config(None, extra)
-        objective = RLObjective(cfg.algo, cfg.train, None, temperature=1.0, max_new_tokens=2)
-        return objective.loss(lp, torch.zeros_like(lp), mb, norms, None)
+        out = RLObjective.from_config(load_config(None, extra)).loss(HeadOutput(lp, torch.zeros_like(lp)), mb, norms)
+        return out.loss, out.metrics
 
     plain, _ = loss_with([])
-    with_dual, metrics = loss_with(["algo.discrepancy={init: 2.0}"])
+    with_dual, metrics = loss_with(["algo.terms=[{name: dcmdp, options: {init: 2.0}}]"])
     disc = (k3(lp, mb.sampler_logprobs) * mb.loss_mask).sum() / mb.loss_mask.sum()
     assert metrics["dcmdp/discrepancy"] == pytest.approx(float(disc.detach()))
     assert float((with_dual - plain).detach()) == pytest.approx(2.0 * float(disc.detach()))

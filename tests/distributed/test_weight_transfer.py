@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from upslope.dist.ray_workers import pack_weights, unpack_weights
+from upslope.distributed.ray_workers import pack_weights, unpack_weights
 
 
 def test_pack_and_unpack_round_trip_every_dtype_and_shape():

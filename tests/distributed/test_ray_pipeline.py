@@ -126,7 +126,7 @@ def test_worker_killed_is_restarted_and_no_step_is_lost(ray_cluster, tiny_model_
     assert killed, "the worker was never seen generating"
     r = rows(out)
     assert [x["step"] for x in r] == [1, 2, 3, 4]
-    assert r[-1]["pipeline/restarts"] == 1 and trainer.pipe is None
+    assert r[-1]["pipeline/restarts"] == 1 and trainer.source is None
     err = capsys.readouterr().err
     assert "rollout worker 0 died" in err
     # stale samples left uncorrected by choice: the RL trainer warns once it has workers (rich wraps the
@@ -230,11 +230,41 @@ def test_partial_discard_regenerates_the_jobs_in_flight_at_a_push(ray_cluster, t
     assert not any("pipeline/streamed_groups" in x for x in r)  # a whole-batch estimator is not streamed
 
 
+USER_ROLLOUT = '''
+import os
+
+from upslope.registry import ROLLOUTS
+from upslope.rollout.plugin import single_turn
+
+
+@ROLLOUTS.register("user_tagged")
+def user_tagged(engine, prompt_ids, examples, params, pad_id, group_offset=0):
+    """The single-turn rollout, each sample tagged with the process that generated it."""
+    batch = single_turn(engine, prompt_ids, examples, params, pad_id, group_offset)
+    for m in batch.meta:
+        m["metrics"] = {"user_rollout/pid": float(os.getpid())}
+    return batch
+'''
+
+
+@pytest.mark.slow
+def test_a_users_rollout_plugin_file_runs_in_the_ray_worker(ray_cluster, tiny_model_path, tmp_path):
+    """plugins=[file.py] naming the rollout: the worker, whose config arrives pickled, imports the file
+    itself and generates with the user's rollout (its samples carry the worker's process id)."""
+    plugin = tmp_path / "user_rollout.py"
+    plugin.write_text(USER_ROLLOUT)
+    out = tmp_path / "user"
+    run(overrides(tiny_model_path, out, "train.steps=1", "dist.rollout_workers=1", f"plugins=[{plugin}]",
+                  "rollout.kind=user_tagged"))
+    (r,) = rows(out)
+    assert r["user_rollout/pid"] > 0 and r["user_rollout/pid"] != float(os.getpid())
+
+
 @pytest.mark.slow
 def test_weights_reach_a_worker_as_read_only_arrays_in_the_object_store(ray_cluster):
     """What set_weights receives: the object store's buffers themselves (read-only numpy, no copy),
     which unpack to the pushed tensors exactly."""
-    from upslope.dist.ray_workers import pack_weights, put_weights, unpack_weights
+    from upslope.distributed.ray_workers import pack_weights, put_weights, unpack_weights
 
     state = {"a": torch.randn(64, 32), "b": torch.randn(8).to(torch.bfloat16)}
 

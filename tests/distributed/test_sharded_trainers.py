@@ -12,7 +12,7 @@ import torch
 
 import objective_worker
 from shard_worker import max_diff
-from upslope.dist import group
+from upslope.distributed import group
 from upslope.models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # two spawned ranks load torch and transformers, then 2 x 4 cases: ~1-2 min

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upslope.dist.balance import assign_by_tokens
+from upslope.distributed.balance import assign_by_tokens
 
 
 def test_hand_computed_split():

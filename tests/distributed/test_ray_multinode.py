@@ -31,7 +31,7 @@ def test_rollout_worker_runs_on_the_second_node(tiny_model_path, tmp_path):
             f"dist.address={cluster.address}", "dist.worker_resources={rollout: 1}"])
         trainer = Trainer(cfg)
         try:
-            node = ray.get(trainer.pipe.workers[0].node_id.remote())
+            node = ray.get(trainer.source.pipe.workers[0].node_id.remote())
             assert node == second.node_id != cluster.head_node.node_id
             trainer.run()
         finally:

@@ -9,6 +9,8 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+import torch
+
 from upslope.agents.env import Environment, Message
 from upslope.agents.tools import ToolBox
 from upslope.batch import Batch, build_batch
@@ -231,14 +233,12 @@ def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[
     """What rewards, logs and the SFT term read about a trajectory."""
     box = tr.env.toolbox
     assert box is not None
-    success = tr.parts.get(tr.env.reward_names[0], 0.0) >= 0.5 if tr.env.reward_names else False
-    bonus = [(s, e, run.cfg.sft_coef) for s, e in tr.tool_turns] if success and run.cfg.sft_coef else []
     model_tokens = sum(tr.mask)
     return {**tr.example.meta, "answer": tr.example.answer, "example_id": tr.example.id,
             "completion": tr.last_turn, "transcript": run.tokenizer.decode(tr.ids, skip_special_tokens=False),
             "messages": list(tr.history),
             "reward_parts": dict(tr.parts), "completion_tokens": len(tr.ids), "max_new_tokens": max_new_tokens,
-            "finish_reason": "length" if tr.truncated else "stop", "advantage_bonus": bonus,
+            "finish_reason": "length" if tr.truncated else "stop",
             "metrics": {"agent/turns": float(tr.turns), "agent/tool_calls": float(box.calls),
                         "agent/valid_tool_calls": float(box.valid),
                         "agent/valid_tool_call_rate": float(box.valid > 0),
@@ -252,10 +252,25 @@ def multi_turn(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequen
     """n multi-turn trajectories per example as a Batch (one group per example); environment tokens have
     loss_mask 0. The prompts come from each environment's reset (the encoded `prompt_ids` are not used)."""
     trajs = run_trajectories(run, engine, examples, params, group_offset)
-    return build_batch([t.prompt for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
-                       [t.group for t in trajs], [t.truncated for t in trajs], pad_id, engine.version,
-                       [trajectory_meta(run, t, params.max_new_tokens) for t in trajs],
-                       completion_loss_masks=[t.mask for t in trajs])
+    batch = build_batch([t.prompt for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
+                        [t.group for t in trajs], [t.truncated for t in trajs], pad_id, engine.version,
+                        [trajectory_meta(run, t, params.max_new_tokens) for t in trajs],
+                        completion_loss_masks=[t.mask for t in trajs])
+    return replace(batch, advantage_bonus=sft_bonus(run, trajs, batch.input_ids.shape))
+
+
+def sft_bonus(run: AgentRun, trajs: Sequence[Trajectory], shape: torch.Size) -> torch.Tensor:
+    """[N, L] the interleaved SFT term as an advantage bonus: agent.sft_coef on the model turns whose tool
+    calls all ran, in trajectories that succeeded (at ratio 1 the policy-gradient of +w on a token's
+    advantage is that of w x its negative log-likelihood); 0 elsewhere."""
+    bonus = torch.zeros(shape, dtype=torch.float32)
+    coef = run.cfg.sft_coef
+    for i, tr in enumerate(trajs):
+        success = tr.parts.get(tr.env.reward_names[0], 0.0) >= 0.5 if tr.env.reward_names else False
+        if success and coef:
+            for start, end in tr.tool_turns:
+                bonus[i, len(tr.prompt) + start:len(tr.prompt) + end] += coef
+    return bonus
 
 
 def build_multi_turn(cfg: Config, tokenizer: Any, evaluation: bool = False) -> Callable[..., Batch]:
@@ -270,4 +285,4 @@ def multi_turn_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples
                        params: SamplingParams, pad_id: int, group_offset: int = 0) -> Batch:
     """Multi-turn trajectories with tools and an environment (options: the agent section); env tokens masked."""
     raise UpslopeError("rollout.kind=multi_turn needs the run's agent section: get it with "
-                       "upslope.train.collect.make_rollout(cfg, tokenizer)")
+                       "upslope.rollout.plugin.make_rollout(cfg, tokenizer)")

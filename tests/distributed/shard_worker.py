@@ -14,10 +14,11 @@ from batch_helpers import grouped_rl_batch
 
 from upslope.batch import Batch
 from upslope.config import Config, load_config
-from upslope.dist import group
-from upslope.dist.shard import plain
+from upslope.distributed import group
+from upslope.distributed.shard import plain
 from upslope.train.learner.objectives import Objective, RLObjective, SupervisedObjective
 from upslope.train.learner.updater import Updater
+from upslope.train.trainers.rl import with_reference
 
 STEPS = 3
 
@@ -45,13 +46,15 @@ def learner(path: str, strategy: str, *extra: str) -> tuple[Updater, Objective]:
     updater = Updater.from_config(cfg, path, "cpu")
     if SFT in extra:
         return updater, SupervisedObjective(dft=False)
-    return updater, RLObjective.from_config(cfg, updater)
+    return updater, RLObjective.from_config(cfg)
 
 
-def prepared(objective: Objective) -> Batch:
+def prepared(updater: Updater, objective: Objective) -> Batch:
     """The fixed batch; for RL with algo.kl_coef the reference's log-probs added."""
     batch = rl_batch()
-    return objective.with_reference(batch)[0] if isinstance(objective, RLObjective) else batch
+    if isinstance(objective, RLObjective) and objective.needs_reference:
+        batch = with_reference(batch, updater, objective.temperature, kl_reward=None)[0]
+    return batch
 
 
 def update(updater: Updater, batch: Batch, step: int, objective: Objective) -> dict[str, float]:
@@ -99,7 +102,7 @@ def run(path: str, strategy: str, out: str, resume_from: str | None = None, *ext
     updater.optimizer.register_step_pre_hook(lambda *_: grads.append(
         {n: plain(p.grad).clone() for n, p in updater.model.named_parameters() if p.grad is not None})
         if not grads else None)
-    batch = prepared(objective)
+    batch = prepared(updater, objective)
     losses = [update(updater, batch, step, objective)["loss"] for step in range(1, STEPS + 1)]
     weights = full_weights(updater)
     pushed = push(updater)
@@ -117,7 +120,7 @@ def resume(path: str, strategy: str, out: str, ckpt: str, *extra: str) -> None:
     again, objective = learner(path, strategy, *extra)
     again.load_sharded(Path(ckpt))
     loaded = full_weights(again)
-    update(again, prepared(objective), STEPS + 1, objective)
+    update(again, prepared(again, objective), STEPS + 1, objective)
     after = full_weights(again)  # a collective: every rank
     if group.is_main():
         torch.save({"loaded": loaded, "weights": after}, Path(out) / "resumed.pt")

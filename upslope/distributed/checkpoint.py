@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from upslope.dist.shard import state_module
+from upslope.distributed.shard import state_module
 
 
 # a LoRA run's frozen base is not checkpointed (and so not expected back: DCP's load already fails

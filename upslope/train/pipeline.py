@@ -1,4 +1,5 @@
-"""The asynchronous pipeline between rollout workers (Ray actors) and the learner: jobs of prompt
+"""The Ray pipeline, a batch source and a weight sink (`upslope.train.sources`): the asynchronous
+pipeline between rollout workers (Ray actors) and the learner. Jobs of prompt
 groups are admitted up to `pipeline.max_staleness` steps ahead of the learner, handed out lowest
 (step, round) first so the next batch completes first, and their groups come back tagged with the
 weight version that generated them. Too-stale groups are dropped and regenerated; a worker that
@@ -11,15 +12,23 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from upslope.batch import Batch, concat
 from upslope.config import Config
-from upslope.dist.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
+from upslope.distributed.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
+from upslope.errors import ConfigError
 from upslope.rollout.base import SamplingParams
-from upslope.train.collect import Task
+from upslope.train.collect import Collected, Keep, Rounds, Task, collect
+from upslope.train.learner.memory import release_freed_memory
+from upslope.train.sources import Weights, step_rounds, step_sampling
+from upslope.train.timing import StageClock
+
+if TYPE_CHECKING:
+    from upslope.train.learner.stream import StreamedUpdate
 
 
 def staleness_warning(cfg: Config) -> str | None:
@@ -270,13 +279,13 @@ class RolloutPipe:
 
 
 class StepFeed:
-    """The `draw` and `rollout` (or `pieces`) that the shared collect stage calls for one step when the
-    groups come from the pipe: round 0 takes the step's groups admitted ahead (admitting them now if
+    """The `draw` and round rollout that the shared collect stage calls for one step when the groups
+    come from the pipe: round 0 takes the step's groups admitted ahead (admitting them now if
     staleness did not allow it earlier); refill rounds are admitted ahead of every later step. With
     `pieces` each job's groups are handed over as it finishes, and `idle` runs while none is ready."""
 
     def __init__(self, pipe: RolloutPipe, step: int, draw: Callable[[int], Sequence[int]],
-                 params: Callable[[int, int], SamplingParams], idle: Callable[[], bool] | None = None):
+                 params: Callable[[int], SamplingParams], idle: Callable[[], bool] | None = None):
         self.pipe, self.step, self.draw_more, self.params, self.idle = pipe, step, draw, params, idle
         self.round = 0
         self.indices: list[int] = []
@@ -286,7 +295,7 @@ class StepFeed:
     def draw(self, k: int) -> list[int]:
         if self.round == 0:
             if self.step not in self.pipe.admitted:
-                self.pipe.admit_step(self.step, list(self.draw_more(k)), self.params(self.step, 0))
+                self.pipe.admit_step(self.step, list(self.draw_more(k)), self.params(self.step))
             self.indices = self.pipe.admitted.pop(self.step)
         else:
             self.indices = list(self.draw_more(k))
@@ -300,15 +309,15 @@ class StepFeed:
             self.pipe.admit(self.step, round_, self.indices, sampling, group_offset)
         return round_
 
-    def rollout(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
-                pad_id: int, group_offset: int = 0) -> Batch:
+    def whole(self, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
+              group_offset: int) -> Iterator[Batch]:
         """The round's groups in order, once all have arrived."""
         dones = self.pipe.take(self.step, self.begin_round(sampling, group_offset))
         self.seen(dones)
-        return concat([d.batch for d in dones], pad_id)
+        yield concat([d.batch for d in dones], self.pipe.pad_id)
 
-    def pieces(self, engine: Any, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
-               pad_id: int, group_offset: int = 0) -> Iterator[Batch]:
+    def pieces(self, prompts: list[list[int]], examples: list[Any], sampling: SamplingParams,
+               group_offset: int) -> Iterator[Batch]:
         """The round's groups, a finished job at a time (running `idle` while none is ready)."""
         for done in self.pipe.arrivals(self.step, self.begin_round(sampling, group_offset), self.idle):
             self.seen([done])
@@ -319,3 +328,96 @@ class StepFeed:
         for d in dones:
             self.max_lag = max(self.max_lag, self.pipe.version - d.version)
             self.on_gpu = self.on_gpu or d.device.startswith("cuda")
+
+
+def check_pipeline(cfg: Config) -> None:
+    """dist.rollout_workers > 0 needs Ray and one learner rank (one ConfigError line)."""
+    import importlib.util
+
+    from upslope.distributed import group
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"dist.rollout_workers={cfg.dist.rollout_workers}: ray is not installed "
+                          f"(pip install 'upslope[ray]')")
+    if group.world() > 1:
+        raise ConfigError("dist.rollout_workers > 0 with several learner ranks is not supported yet; "
+                          "set dist.learner_procs=1")
+
+
+class RayPipeline:
+    """The Ray rollout workers as the run's batch source and weight sink. `next(step)` collects the
+    step's groups (admitted ahead, later steps admitted as far as pipeline.max_staleness allows);
+    `push` sends the weights to every worker and admits what the new version makes admissible. With
+    a streamed update, each job's kept groups go to it on arrival, and while no job is ready the
+    learner forwards what has arrived (timed as learner, not as rollout)."""
+
+    streams = True
+
+    def __init__(self, cfg: Config, task: Task, sampler: Any, rounds: Rounds, keep: Keep | None,
+                 stop_ids: list[int], clock: StageClock, run_dir: Path, version: int,
+                 warn: Callable[[str], None]):
+        self.cfg, self.task, self.sampler, self.rounds, self.keep = cfg, task, sampler, rounds, keep
+        self.stop_ids, self.clock, self.run_dir = stop_ids, clock, run_dir
+        self.pipe = RolloutPipe(cfg, task, task.pad_id, version, warn=warn)
+        self.push_seconds = 0.0
+        self.last_seen: Batch | None = None
+
+    def start(self) -> None:
+        """Nothing: the workers' engines are up once the pipeline exists."""
+
+    def params(self, step: int) -> SamplingParams:
+        return step_sampling(self.cfg, self.stop_ids, step)
+
+    def prefetch(self, version: int) -> None:
+        """Admit every step that `version` (the learner's) allows, drawn now."""
+        self.pipe.prefetch(min(self.cfg.train.steps, version + 1 + self.cfg.pipeline.max_staleness),
+                           self.sampler.next, self.rounds.first, self.params)
+
+    def next(self, step: int, stream: StreamedUpdate | None = None) -> Collected:
+        self.push_seconds = 0.0  # this step's push happens after it collects
+        self.prefetch(self.pipe.version)
+
+        def idle() -> bool:
+            if stream is None or not stream.pending:
+                return False
+            with self.clock("learner", pause="rollout"):
+                return stream.work()
+
+        feed = StepFeed(self.pipe, step, self.sampler.next, self.params, idle=idle)
+        got = collect(self.task, feed.pieces if stream is not None else feed.whole, feed.draw, self.params(step),
+                      step_rounds(self.rounds, self.cfg, step), self.keep, clock=self.clock,
+                      on_kept=stream.add if stream is not None else None)
+        got.metrics["pipeline/max_lag"] = float(feed.max_lag)
+        got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
+        self.last_seen = got.seen
+        return got
+
+    def push(self, weights: Weights, version: int) -> None:
+        self.push_seconds = self.pipe.push(weights, version)
+        self.prefetch(version)
+        release_freed_memory()
+
+    def step_metrics(self, clock: StageClock, step: int) -> dict[str, float]:
+        """The pipeline's metrics of the step, and the step's learner spans on the run's timeline."""
+        seconds = clock.seconds["step"]
+        metrics = self.pipe.step_metrics(seconds)
+        metrics["pipeline/weight_push_s"] = self.push_seconds
+        metrics["pipeline/learner_busy"] = clock.seconds.get("learner", 0.0) / max(seconds, 1e-9)
+        self.pipe.events.extend({"who": "learner" if stage != "rollout" else "learner_wait", "start": t0,
+                                 "end": t1, "step": step} for stage, t0, t1 in clock.spans
+                                if stage in ("learner", "sync", "rollout"))
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Steps drawn ahead: regenerated with the checkpoint's weights on resume."""
+        return {"pipeline": self.pipe.pending()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pipe.restore(state.get("pipeline") or {}, self.params)
+
+    def close(self) -> None:
+        import json
+
+        with open(self.run_dir / "timeline.jsonl", "w") as f:  # who was busy when (benchmarks/async_timeline.py)
+            f.writelines(json.dumps(e) + "\n" for e in self.pipe.events)
+        self.pipe.close()

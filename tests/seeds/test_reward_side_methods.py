@@ -209,7 +209,7 @@ def test_suco_length_reward_by_hand():
     # group a: accuracy 1/2, shortest right 10 -> sufficient length 10 * (1 + 0.5) = 15
     assert got == pytest.approx([0.0, -(20 - 15) / 20, -(15 - 5) / 15, 0.0, 0.0, 0.0])  # group b: none right
     assert suco_length(texts, [6] * 6, metas, slack=0.0)[1] == pytest.approx(-0.5)
-    assert REWARDS.get("suco_length").attrs["batched"]
+    assert REWARDS.get("suco_length").traits.batched
 
 
 # ---------------------------------------------------------------- ARKD

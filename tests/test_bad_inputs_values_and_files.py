@@ -1,5 +1,5 @@
-"""More of the bad-input catalog (tests/test_bad_inputs.py holds the first part; the promise and the
-harness are the same): each class of input below printed a traceback, hung, or was taken silently
+"""The bad-input catalog for values and files (tests/test_bad_inputs.py holds the first part; the promise
+and the harness are the same): each class of input below printed a traceback, hung, or was taken silently
 before its check was added.
 
 - numbers no option can use: NaN, inf, `1e999`, integers over 64 bits (any option, any plugin

@@ -1,6 +1,8 @@
 """Rollout workers as Ray actors: each owns an engine built by the engine registry and the run's
 rollout plugin, generates the prompt groups of the jobs it is handed, and reports the weight
-version that generated them. Weights arrive as versioned state dicts through the object store."""
+version that generated them. Weights arrive as versioned state dicts through the object store.
+A worker imports the run's plugin modules first: the config it receives was pickled, which does
+not import them again, and the rollout plugin may be one of them."""
 from __future__ import annotations
 
 import os
@@ -50,9 +52,11 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, worker: int, pad_id: int, cores: list[int] | None = None, nice: int = 0):
         from upslope.models import load_tokenizer, resolve_model
+        from upslope.plugins import import_plugins
+        from upslope.rollout.plugin import make_rollout
         from upslope.runtime import build_engine
-        from upslope.train.collect import make_rollout
 
+        import_plugins(cfg.plugins)  # a user's rollout, reward or engine plugin is registered here too
         if cores:
             os.sched_setaffinity(0, cores)
         try:  # Ray starts workers at niceness 15; generation is the run's main work, so take the learner's

@@ -103,7 +103,7 @@ def test_drpo_gradient_keeps_the_policy_gradient_sign_inside_the_region(t, delta
 
 def test_both_are_registered_as_zero_at_zero_advantage_and_reject_bad_options():
     for name in ("dppo", "drpo"):
-        assert POLICY_LOSSES.get(name).attrs["zero_at_zero_advantage"]
+        assert POLICY_LOSSES.get(name).traits.zero_at_zero_advantage
         loss, g, _ = grad_of(POLICY_LOSSES.bind(name), LP, OLD, torch.zeros(1, 3, dtype=torch.float64), MASK)
         assert torch.all(loss == 0) and torch.all(g == 0)
         with pytest.raises(ConfigError, match="delta"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from upslope.config import load_config
-from upslope.dist.shard import check_combination
+from upslope.distributed.shard import check_combination
 from upslope.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -53,7 +53,7 @@ def test_unknown_dist_key_is_an_error():
 
 
 def test_stale_samples_are_bounded_by_default_and_warned_about_when_the_user_turns_that_off():
-    from upslope.train.async_pipe import staleness_warning
+    from upslope.train.pipeline import staleness_warning
 
     sync = load_config(None, ["dist.rollout_workers=1"])
     assert sync.algo.old_policy == "learner" and sync.algo.correction is None and staleness_warning(sync) is None

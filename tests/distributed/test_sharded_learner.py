@@ -12,7 +12,7 @@ import torch
 
 import shard_worker
 from shard_worker import max_diff
-from upslope.dist import group
+from upslope.distributed import group
 
 pytestmark = pytest.mark.slow  # two spawned ranks load torch and transformers, then 3 x 4 updates: ~60 s
 
