@@ -100,8 +100,8 @@ class RolloutConfig(Section):
     prompts_per_step: int = opt(8, "prompts sampled per training step", ge=1)
     n: int = opt(8, "completions per prompt (the group size)", ge=1)
     temperature: float = opt(1.0, "sampling temperature", ge=0)
-    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
-    top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
+    top_p: float = opt(1.0, "nucleus sampling mass (the learner scores the same truncated distribution)", gt=0, le=1)
+    top_k: int = opt(0, "top-k sampling, 0: off (the learner scores the same truncated distribution)", ge=0)
     max_new_tokens: int | None = opt(None, "most tokens generated per completion (default: the task's, "
                                               "e.g. arith 8, gsm8k 256, math500 512; 256 for data files)", ge=1)
     max_prompt_tokens: int | None = opt(None, "longest prompt in tokens; longer prompts are an error (or dropped "

@@ -21,7 +21,7 @@ from upslope.algos.terms import LossInputs, LossTerm, PolicyTerm, sum_terms
 from upslope.batch import Batch
 from upslope.config import AlgoConfig, Config, TrainConfig
 from upslope.registry import LOSS_TERMS, POLICY_LOSSES
-from upslope.train.learner.logprobs import HeadOutput
+from upslope.train.learner.logprobs import HeadOutput, Truncation
 
 Metrics = dict[str, float]
 ModelOutputs = HeadOutput | torch.Tensor  # the LM head's outputs, or a scalar head's values or scores
@@ -36,6 +36,7 @@ class Forward:
     entropy_grad: bool = False  # does the loss back-propagate through the entropy?
     top_k: int = 0  # also the model's K most likely tokens' log-probs
     gather: str | None = None  # a Batch field of token ids [n, L, K] whose log-probs the loss also needs
+    truncation: Truncation = Truncation()  # the sampler's top-p / top-k: log-probs of what it drew from
 
 
 @dataclass
@@ -174,11 +175,12 @@ class RLObjective(Objective):
     sampler's log-probs."""
 
     def __init__(self, terms: Sequence[LossTerm], *, loss_agg: str, constant: float, temperature: float,
-                 old_policy: str = "learner", several: bool = False, skip_zero_advantage: bool = True):
+                 old_policy: str = "learner", several: bool = False, skip_zero_advantage: bool = True,
+                 truncation: Truncation = Truncation()):
         self.terms = list(terms)
         self.loss_agg, self.constant, self.old_policy = loss_agg, constant, old_policy
         self.forward = Forward(temperature=temperature, entropy_grad=any(t.entropy_grad for t in terms),
-                               top_k=max(t.top_k for t in terms))
+                               top_k=max(t.top_k for t in terms), truncation=truncation)
         self.skips_rows = skip_zero_advantage and all(t.zero_at_zero_advantage for t in terms)
         self.needs_old_logprobs = several or any(t.needs_old_logprobs for t in terms)
         self.needs_reference = any(t.needs_reference for t in terms)
@@ -190,7 +192,8 @@ class RLObjective(Objective):
         return cls(loss_terms(algo), loss_agg=algo.loss_agg,
                    constant=algo.loss_agg_constant or float(cfg.rollout.max_new_tokens or 0),
                    temperature=cfg.rollout.temperature or 1.0, old_policy=algo.old_policy,
-                   several=several_passes(cfg.train), skip_zero_advantage=cfg.train.skip_zero_advantage)
+                   several=several_passes(cfg.train), skip_zero_advantage=cfg.train.skip_zero_advantage,
+                   truncation=Truncation(cfg.rollout.top_p, cfg.rollout.top_k))
 
     def prepare(self, batch: Batch) -> Batch:
         for term in self.terms:

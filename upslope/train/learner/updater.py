@@ -22,7 +22,7 @@ from upslope.distributed.balance import assign_by_tokens
 from upslope.models import load_model
 from upslope.scalar_head import token_values
 from upslope.train.learner.finite import NonFiniteGuard
-from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
+from upslope.train.learner.logprobs import HeadOutput, Truncation, same_prompt_within_groups, token_scores
 from upslope.train.learner.memory import return_large_frees, use_lean_activations
 from upslope.train.learner.optim import make_optimizer, make_scheduler, moments_as
 
@@ -182,9 +182,10 @@ class Updater:
         return completions + prompts
 
     def forward(self, model: Any, mb: Batch, *, temperature: float, entropy_grad: bool = False,
-                gather_ids: torch.Tensor | None = None, top_k: int = 0,
-                top_k_vocab: int | None = None) -> HeadOutput:
-        """One micro-batch through `model`: per-token log-probs and entropies at `temperature`."""
+                gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None,
+                truncation: Truncation = Truncation()) -> HeadOutput:
+        """One micro-batch through `model`: per-token log-probs and entropies at `temperature` (and the
+        sampler's `truncation`)."""
         mb = mb.to(self.device)
         with self.autocast():
             shared = None
@@ -195,11 +196,11 @@ class Updater:
                                 entropy_grad=entropy_grad and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
-                                checkpoint_layers=self.train_cfg.grad_checkpointing)
+                                checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
-              top_k_vocab: int | None = None) -> HeadOutput:
+              top_k_vocab: int | None = None, truncation: Truncation = Truncation()) -> HeadOutput:
         """No-grad forward of the batch's trained tokens in token-budget micro-batches, on the CPU:
         [N, L] log-probs and entropies, and with `top_k` the model's own top-k ids and log-probs
         [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
@@ -213,7 +214,7 @@ class Updater:
         try:
             for idx in self.micro_batches(batch):
                 out = self.forward(model, batch.select(idx), temperature=temperature, top_k=top_k,
-                                   top_k_vocab=top_k_vocab)
+                                   top_k_vocab=top_k_vocab, truncation=truncation)
                 rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
                 lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
                 if topk_lp is not None and topk_ids is not None:
@@ -222,9 +223,12 @@ class Updater:
             self.model.train()
         return HeadOutput(lp, ent, topk_logprobs=topk_lp, topk_ids=topk_ids)
 
-    def logprobs(self, batch: Batch, *, temperature: float, reference: bool = False) -> torch.Tensor:
-        """[N, L] log-probs of the batch's trained tokens under the policy (or the frozen reference)."""
-        return self.score(batch, self.reference() if reference else self.model, temperature=temperature).logprobs
+    def logprobs(self, batch: Batch, *, temperature: float, reference: bool = False,
+                 truncation: Truncation = Truncation()) -> torch.Tensor:
+        """[N, L] log-probs of the batch's trained tokens under the policy (or the frozen reference), at the
+        sampler's temperature and truncation."""
+        return self.score(batch, self.reference() if reference else self.model, temperature=temperature,
+                          truncation=truncation).logprobs
 
     def outputs(self, mb: Batch, spec: "Forward") -> "ModelOutputs":
         """What an objective's loss reads of one micro-batch (on this device), as its `Forward` says: the
@@ -232,7 +236,7 @@ class Updater:
         if spec.head == "lm":
             gather = getattr(mb, spec.gather) if spec.gather is not None else None
             return self.forward(self.model, mb, temperature=spec.temperature, entropy_grad=spec.entropy_grad,
-                                gather_ids=gather, top_k=spec.top_k)
+                                gather_ids=gather, top_k=spec.top_k, truncation=spec.truncation)
         with self.autocast():
             if spec.head == "token_values":
                 return token_values(self.model, mb)
@@ -276,7 +280,8 @@ class Updater:
         """The batch as the objective trains on it: with the policy's log-probs before the update when it
         asks for them (`needs_old_logprobs`), then through its `prepare`."""
         if objective.needs_old_logprobs and batch.old_logprobs is None:
-            batch = replace(batch, old_logprobs=self.logprobs(batch, temperature=objective.temperature))
+            batch = replace(batch, old_logprobs=self.logprobs(batch, temperature=objective.temperature,
+                                                              truncation=objective.forward.truncation))
         return objective.prepare(batch)
 
     def accumulate(self, mini: Batch, objective: "Objective", norms: dict[str, float], tally: "Tally") -> int:

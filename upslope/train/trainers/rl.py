@@ -18,6 +18,8 @@ from upslope.algos.trust import DiscrepancyConstraint
 from upslope.registry import ACCEPTS, ADVANTAGES, FILTERS, REPLAY, REWARD_COMBINERS, REWARDS, ROLLOUTS, SAMPLERS
 from upslope.train import stages
 from upslope.train.collect import Rounds
+from upslope.train.guards import mismatch_warning
+from upslope.train.learner.logprobs import Truncation
 from upslope.train.learner.objectives import RLObjective, several_passes
 from upslope.train.learner.stream import Prepared, StreamedUpdate
 from upslope.train.learner.updater import Updater
@@ -109,14 +111,16 @@ def combine_piece_metrics(parts: list[Prepared]) -> dict[str, Any]:
     return out
 
 
-def with_reference(batch: Batch, updater: Updater, temperature: float,
-                   kl_reward: KLControl | None) -> tuple[Batch, float | None]:
+def with_reference(batch: Batch, updater: Updater, temperature: float, kl_reward: KLControl | None,
+                   truncation: Truncation = Truncation()) -> tuple[Batch, float | None]:
     """The batch with the frozen reference's log-probs; with KL in the reward (`kl_reward`), also the
-    policy's old log-probs and -beta * KL folded into the rewards, and that KL (else None)."""
-    batch = replace(batch, ref_logprobs=updater.logprobs(batch, temperature=temperature, reference=True))
+    policy's old log-probs and -beta * KL folded into the rewards, and that KL (else None). Both at the
+    sampler's temperature and truncation, as every log-prob the RL learner takes."""
+    batch = replace(batch, ref_logprobs=updater.logprobs(batch, temperature=temperature, reference=True,
+                                                         truncation=truncation))
     if kl_reward is None:
         return batch, None
-    batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=temperature))
+    batch = replace(batch, old_logprobs=updater.logprobs(batch, temperature=temperature, truncation=truncation))
     return kl_penalty_in_reward(batch, kl_reward.estimate, kl_reward.value)
 
 
@@ -252,7 +256,8 @@ class Trainer(BaseTrainer):
         if algo.mask_truncated:
             batch = stages.mask_truncated(batch)
         if self.uses_reference:
-            batch, kl = with_reference(batch, self.updater, self.objective.temperature, self.kl_reward)
+            batch, kl = with_reference(batch, self.updater, self.objective.temperature, self.kl_reward,
+                                       self.objective.forward.truncation)
             if kl is not None:
                 metrics["kl"] = kl
         if self.critic is not None:
@@ -287,10 +292,21 @@ class Trainer(BaseTrainer):
         metrics["salience/seconds"] = time.perf_counter() - t0
         return functools.partial(self.advantage_fn, salience=salience)
 
+    def check_mismatch(self, step: int, mismatch: float | None) -> None:
+        """One warning line at the run's first two steps when the sampler and the learner disagree beyond
+        rounding (guards.mismatch_warning); runs whose samples may be stale (pipeline.max_staleness > 0)
+        are skipped, their gap is partly the staleness."""
+        if self.cfg.pipeline.max_staleness > 0:
+            return
+        note = mismatch_warning(step, self.start_step, mismatch, self.cfg.train.precision, self.cfg.engine.dtype)
+        if note:
+            self.report.warn(note)
+
     def check_update(self, batch: Batch, saved: dict[str, Any]) -> dict[str, Any]:
         """algo.accept: judge the updated policy on the batch (one extra forward) and undo the update it vetoes."""
         assert self.accept is not None
-        accepted, metrics = self.accept(batch, self.updater.logprobs(batch, temperature=self.objective.temperature))
+        accepted, metrics = self.accept(batch, self.updater.logprobs(batch, temperature=self.objective.temperature,
+                                                                     truncation=self.objective.forward.truncation))
         if not accepted:
             self.updater.restore(saved)
         return metrics
@@ -315,6 +331,7 @@ class Trainer(BaseTrainer):
                 saved = self.updater.snapshot() if self.accept else None
                 update_metrics = self.updater.update(batch, step, self.objective)
             metrics.update(update_metrics)
+            self.check_mismatch(step, metrics.get("mismatch"))
             if saved is not None:
                 metrics.update(self.check_update(batch, saved))
             if self.critic is not None:
