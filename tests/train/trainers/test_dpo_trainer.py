@@ -81,7 +81,10 @@ def test_command_runs_two_steps(source, tiny_model_path, tmp_path):
 def count_calls(trainer: DPOTrainer) -> None:
     """Record, per step, the learner's reference log-prob passes and its policy forwards (with
     or without gradient) through a forward hook on the real decoder."""
+    from upslope.train.learner.logprobs import fast_head_matches
+
     learner = trainer.updater
+    assert fast_head_matches(learner.model)  # the one-time head check (a no-grad forward), before counting
     trainer.counts = []
     now = {"ref_passes": 0, "policy_grad": 0, "policy_nograd": 0}
     learner.model.get_decoder().register_forward_hook(
