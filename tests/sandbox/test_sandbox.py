@@ -186,6 +186,9 @@ def test_as_an_ordinary_user():
                               code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == ["ok", "timeout", "failed", "failed", "ok"]
+    # without a cgroup of its own, it says once which memory limit holds per process only
+    said = [line for line in out.stderr.splitlines() if "no per-run cgroup here" in line]
+    assert len(said) == 1 and "memory_mb=1024 per process (RLIMIT_AS) only" in said[0], out.stderr
     time.sleep(0.2)
     assert pids_with_marker(marker) == [] and pids_with_uid_in(range(uid, uid + 1)) == []
     assert not os.path.exists("/etc/upslope_probe")
