@@ -4,6 +4,7 @@ symlink, one whose python is a copy (the standard library found through pyvenv.c
 and under /opt and /home; and where it cannot, it says why in one line and runs nothing."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,14 +21,16 @@ from upslope.sandbox import FunctionTest, Job, Sandbox, SandboxConfig, Status
 
 pytestmark = needs_bwrap
 
-# name -> (directory the venv's folder is made in, path below that folder, extra `venv` flags)
+# name -> (directories the venv's folder may be made in, the first writable one is taken; path
+# below that folder; extra `venv` flags). The copied python lives outside /tmp where it can, so
+# that only pyvenv.cfg can lead to its standard library.
 PLACES = {
-    "tmp": ("/tmp", "venv", ()),
-    "spaces": ("/tmp", "a dir with spaces/my venv", ()),
-    "dev_shm": ("/dev/shm", "venv", ()),
-    "copies": ("/tmp", "venv", ("--copies",)),
-    "opt": ("/opt", "venv", ()),
-    "home": ("/home", "venv", ()),
+    "tmp": (("/tmp",), "venv", ()),
+    "spaces": (("/tmp",), "a dir with spaces/my venv", ()),
+    "dev_shm": (("/dev/shm",), "venv", ()),
+    "copies": (("/opt", "/home", "/tmp"), "venv", ("--copies",)),
+    "opt": (("/opt",), "venv", ()),
+    "home": (("/home",), "venv", ()),
 }
 
 
@@ -44,15 +47,16 @@ def venvs() -> Iterator[dict[str, str]]:
     made: list[str] = []
     out: dict[str, str] = {}
     try:
-        for name, (parent, below, flags) in PLACES.items():
-            if not os.access(parent, os.W_OK):
+        for name, (parents, below, flags) in PLACES.items():
+            parent = next((p for p in parents if os.access(p, os.W_OK)), None)
+            if parent is None:
                 continue
             folder = tempfile.mkdtemp(prefix="upslope-venv-", dir=parent)
             made.append(folder)
             os.chmod(folder, 0o755)
             out[name] = make_venv(Path(folder) / below, flags)
         if "tmp" in out:
-            link = Path(made[0]) / "link to venv"
+            link = Path(out["tmp"]).parents[2] / "link to venv"
             link.symlink_to(Path(out["tmp"]).parents[1])
             out["symlink"] = str(link / "bin" / "python")
         yield out
@@ -68,14 +72,16 @@ TEST = "def check(f):\n    assert f(2, 3) == 5\n"
 @pytest.mark.parametrize("place", [*PLACES, "symlink"])
 def test_a_program_runs_with_the_interpreter_in(place, venvs):
     if place not in venvs:
-        pytest.skip(f"cannot write to {PLACES[place][0]} here")
+        pytest.skip(f"cannot write to {' or '.join(PLACES[place][0])} here")
     python = venvs[place]
     sandbox = Sandbox(SandboxConfig(python=python, timeout_s=20))
     assert sandbox.mode == "bwrap", sandbox.problem
     res = sandbox.run(Job(code=PROGRAM))
     assert res.status is Status.OK, res.stderr or res.error
-    prefix, _ = __import__("json").loads(res.stdout)
-    assert prefix == str(Path(python).parents[1])  # the venv itself, as named (not the trainer's)
+    # the same installation as on the host: the venv, and the base Python it was made from (a
+    # copied python would otherwise start on whatever libpython and stdlib /usr offers)
+    host = subprocess.run([python, "-c", PROGRAM], capture_output=True, text=True, check=True).stdout
+    assert json.loads(res.stdout) == json.loads(host) and json.loads(host)[0] == str(Path(python).parents[1])
     checked = sandbox.run(Job(code=PROGRAM, check=FunctionTest(test=TEST, entry_point="add")))
     assert checked.verdict is not None and checked.verdict.passed, checked.verdict
 
@@ -116,11 +122,10 @@ def test_a_run_whose_code_reward_cannot_execute_stops_in_one_line(tiny_model_pat
     instead of scoring every sample 0."""
     if os.geteuid() != 0:
         pytest.skip("as root the programs run as an unprivileged uid: a private install is unreadable to it")
-    import site
-
     python = make_venv(tmp_path / "private" / "venv")
     lib = next((tmp_path / "private" / "venv" / "lib").glob("python3*/site-packages"))
-    (lib / "trainer.pth").write_text("\n".join([str(ROOT), *site.getsitepackages()]) + "\n")
+    # the packages this process imports (site-packages, and what .pth files add to them)
+    (lib / "trainer.pth").write_text("\n".join([str(ROOT), *(p for p in sys.path if p and os.path.isdir(p))]) + "\n")
     (tmp_path / "private" / "venv").chmod(0o700)
     args = [f"model.name={tiny_model_path}", "engine.name=hf", "eval.data.task=humaneval", "eval.limit=2",
             "eval.max_new_tokens=4", "log.progress=false", f"run_dir={tmp_path / 'run'}"]
