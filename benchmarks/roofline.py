@@ -7,8 +7,10 @@ its bound: the FLOPs the work needs divided by the matmul rate measured in the s
 thread count and precision:
 - rollout: 2 x parameters per generated token, plus the prompt prefill once per sample (shared-prefix
   caching aside) and the attention over the context (2 x 2 x layers x hidden per cached token);
-- learner: 6 x parameters per forwarded token (8 x with per-layer checkpointing, which runs each
-  layer's forward again in backward), plus attention likewise.
+- learner: 6 x parameters per forwarded token (a shared prompt once per group; 8 x with per-layer
+  checkpointing, which runs each layer's forward again in backward), plus attention likewise.
+With `--mixed` the learner's replies have mixed lengths (one per group at the full length, the others
+at 1/16..1/4 of it), where padding shows; `--override train.packing=true` runs packed micro-batches.
 The fraction is bound time / measured time: 1.0 is the machine's matmul rate on every FLOP.
 
 Each engine cell runs in a fresh process (vLLM hosts one engine per process); the learner cell too.
@@ -53,9 +55,11 @@ def rollout_flops(shape: dict[str, int], prompt: int, reply: int, samples: int) 
     return samples * (2.0 * shape["params"] * (prompt + reply) + attention_flops(shape, prompt, reply))
 
 
-def learner_flops(shape: dict[str, int], prompt: int, reply: int, samples: int, recompute: bool) -> float:
+def learner_flops(shape: dict[str, int], forwarded: int, rows: list[tuple[int, int]], recompute: bool) -> float:
+    """The update's FLOPs: per parameter 6 (8 with recompute) for each token the forward runs (a shared
+    prompt once per group), plus forward and backward attention over each (prompt, reply) row."""
     per_param = 8.0 if recompute else 6.0
-    return samples * (per_param * shape["params"] * (prompt + reply) + 3 * attention_flops(shape, prompt, reply))
+    return per_param * shape["params"] * forwarded + sum(3 * attention_flops(shape, p, r) for p, r in rows)
 
 
 def gsm8k_prompts(tokenizer: Any, count: int) -> list[list[int]]:
@@ -64,7 +68,7 @@ def gsm8k_prompts(tokenizer: Any, count: int) -> list[list[int]]:
     from upslope.data.prompts import encode_prompts
 
     examples = load_examples(DataConfig(task="gsm8k", split="test", limit=count), "test")
-    return encode_prompts(tokenizer, examples)
+    return encode_prompts(examples, tokenizer)[0]
 
 
 # ---------------------------------------------------------------- workers (fresh processes)
@@ -110,8 +114,20 @@ def _engine(a: argparse.Namespace, tokenizer: Any, max_len: int) -> Any:
     return HFEngine(a.model, tokenizer, dtype=dtype, batch_size=a.prompts * a.n, threads=a.threads)
 
 
+def reply_lengths(a: argparse.Namespace, gen: Any) -> list[int]:
+    """The reply length of each of a group's `n` samples: all `length`, or with `--mixed` one at `length`
+    and the others drawn from length/16 .. length/4 (a group where one sample reasons at length)."""
+    import torch
+
+    if not getattr(a, "mixed", False):
+        return [a.length] * a.n
+    low, high = max(1, a.length // 16), max(2, a.length // 4)
+    return [a.length] + torch.randint(low, high + 1, (a.n - 1,), generator=gen).tolist()
+
+
 def worker_learner(a: argparse.Namespace) -> None:
-    """One learner update on `prompts` GSM8K prompts x `n` replies of `length` tokens (random ids)."""
+    """One learner update on `prompts` GSM8K prompts x `n` replies of `length` tokens (random ids; with
+    `--mixed` of mixed lengths, see reply_lengths)."""
     emit = benchlib.json_stdout()
     import torch
 
@@ -131,25 +147,42 @@ def worker_learner(a: argparse.Namespace) -> None:
                              f"rollout.n={a.n}", "algo.kl_coef=0", "train.steps=3", f"train.threads={a.threads}",
                              *a.override])
     learner = Updater.from_config(cfg, a.model, device="cpu")
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     gen = torch.Generator().manual_seed(0)
     p_ids, c_ids, c_lps, gids = [], [], [], []
     for g, prompt in enumerate(prompts):
-        for _ in range(a.n):
+        for size in reply_lengths(a, gen):
             p_ids.append(prompt)
-            c_ids.append(torch.randint(3, 30000, (a.length,), generator=gen).tolist())
-            c_lps.append((-torch.rand(a.length, generator=gen) * 3).tolist())
+            c_ids.append(torch.randint(3, 30000, (size,), generator=gen).tolist())
+            c_lps.append((-torch.rand(size, generator=gen) * 3).tolist())
             gids.append(g)
     batch = build_batch(p_ids, c_ids, c_lps, gids, [True] * len(p_ids), tok.pad_token_id)
     adv = torch.randn(len(p_ids), 1, generator=gen).expand_as(batch.loss_mask)
     batch.advantages = adv * batch.loss_mask
-    learner.update(batch, 1, objective)  # warm-up
-    t = time.perf_counter()
+    first = learner.update(batch, 1, objective)  # warm-up
+    t, cpu = time.perf_counter(), time.process_time()
     learner.update(batch, 2, objective)
-    seconds = time.perf_counter() - t
+    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
     forwarded = learner_mfu.forwarded_tokens(batch, learner.share_prompt)
-    emit({"event": "done", "seconds": seconds, "forwarded": forwarded, "recompute": bool(cfg.train.grad_checkpointing),
-          "share_prompt": bool(learner.share_prompt), "trained": int(batch.loss_mask.sum())})
+    emit({"event": "done", "seconds": seconds, "cpu_seconds": cpu_seconds, "forwarded": forwarded, "recompute": bool(cfg.train.grad_checkpointing),
+          "share_prompt": bool(learner.share_prompt), "trained": int(batch.loss_mask.sum()),
+          "loss": first["loss"], "padded_tokens": padded_tokens(learner, batch),
+          "rows": [[int(p), int(s - p)] for p, s in zip(batch.prompt_lens, batch.seq_lens)]})
+
+
+def padded_tokens(learner: Any, batch: Any) -> int:
+    """Token slots the learner's micro-batches occupy, padding included (real tokens when packed)."""
+    total = 0
+    for idx in learner.micro_batches(batch):
+        mb = batch.select(idx)
+        if learner.train_cfg.packing:
+            total += learner.forwarded_tokens(mb)
+        elif learner.share_prompt:
+            groups = mb.group_ids.unique().numel()
+            total += groups * int(mb.prompt_lens.max()) + mb.size * int((mb.seq_lens - mb.prompt_lens).max())
+        else:
+            total += mb.size * int(mb.seq_lens.max())
+    return total
 
 
 # ---------------------------------------------------------------- driver
@@ -166,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: every core)")
     p.add_argument("--override", action="append", default=[], help="extra upslope key=value for the learner")
     p.add_argument("--out", help="results JSON (default benchmarks/results/roofline-<time>.json)")
+    p.add_argument("--mixed", action="store_true", help="learner: one reply per group at the full length, the "
+                                                           "others at 1/16..1/4 of it")
     p.add_argument("--worker", choices=["engine", "learner"], help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -197,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     prompt_len = sum(map(len, gsm8k_prompts(tok, a.prompts))) / a.prompts
     samples = a.prompts * a.n
     common = [sys.executable, __file__, "--model", a.model, "--prompts", str(a.prompts), "--n", str(a.n),
-              "--dtype", a.dtype, "--threads", str(a.threads), *sum((["--override", o] for o in a.override), [])]
+              "--dtype", a.dtype, "--threads", str(a.threads), *sum((["--override", o] for o in a.override), []),
+              *(["--mixed"] if a.mixed else [])]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = HERE / "results" / f"roofline-{stamp}"
     rows: list[dict[str, Any]] = []
@@ -216,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(seconds=done["seconds"], tokens_per_s=done["generated"] / done["seconds"],
                            bound_s=flops / peak, fraction=flops / peak / done["seconds"])
             else:
-                flops = learner_flops(shape, int(prompt_len), length, samples, done["recompute"])
+                flops = learner_flops(shape, done["forwarded"], done["rows"], done["recompute"])
                 row.update(seconds=done["seconds"], tokens_per_s=done["forwarded"] / done["seconds"],
-                           bound_s=flops / peak, fraction=flops / peak / done["seconds"], recompute=done["recompute"])
+                           bound_s=flops / peak, fraction=flops / peak / done["seconds"], recompute=done["recompute"],
+                           loss=done["loss"], padded_tokens=done["padded_tokens"], forwarded=done["forwarded"])
             rows.append(row)
             console.print(f"  {length:4d} tokens {kind:8s} {name:9s}: " + (
                 f"{row['tokens_per_s']:8.1f} tokens/s, {row['seconds']:.2f} s vs bound {row['bound_s']:.2f} s = "

@@ -102,13 +102,28 @@ class Batch:
         return replace(self, **out)
 
 
-def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int) -> list[list[int]]:
-    """Row indices of each micro-batch: rows sorted longest first, packed greedily so that
-    rows x longest row <= max_tokens (a single longer row still gets its own micro-batch)."""
+def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Row indices of each micro-batch: rows sorted longest first, taken greedily so that
+    rows x longest row <= max_tokens; `packed`: each row into the first micro-batch whose own
+    tokens stay <= max_tokens (first fit, longest first). A single longer row still gets its own
+    micro-batch."""
     order = torch.argsort(seq_lens, descending=True, stable=True).tolist()
-    chunks, start = [], 0
+    lens = seq_lens.tolist()
+    chunks: list[list[int]] = []
+    if packed:
+        used: list[int] = []
+        for i in order:
+            fit = next((c for c, u in enumerate(used) if u + lens[i] <= max_tokens), None)
+            if fit is None:
+                chunks.append([])
+                used.append(0)
+                fit = len(chunks) - 1
+            chunks[fit].append(i)
+            used[fit] += lens[i]
+        return chunks
+    start = 0
     while start < len(order):
-        longest = int(seq_lens[order[start]])
+        longest = int(lens[order[start]])
         rows = max(1, max_tokens // max(longest, 1))
         chunks.append(order[start:start + rows])
         start += rows
@@ -116,38 +131,53 @@ def micro_batch_indices(seq_lens: torch.Tensor, max_tokens: int) -> list[list[in
 
 
 def group_micro_batch_indices(prompt_lens: torch.Tensor, seq_lens: torch.Tensor, group_ids: torch.Tensor,
-                              max_tokens: int, split_oversized: bool = True) -> list[list[int]]:
+                              max_tokens: int, split_oversized: bool = True, packed: bool = False) -> list[list[int]]:
     """Micro-batches of whole groups for the shared-prompt forward, whose cost
-    (groups x longest prompt + rows x longest completion) stays within `max_tokens`;
-    a group too large for the budget is split into parts (or, without `split_oversized`,
-    gets a micro-batch of its own). With prompt_lens 0 the cost is rows x longest row, that
-    of the plain forward."""
-    comp = seq_lens - prompt_lens
+    (groups x longest prompt + rows x longest completion; `packed`: each group's prompt once plus
+    every completion's own tokens) stays within `max_tokens`; a group too large for the budget is
+    split into parts (or, without `split_oversized`, gets a micro-batch of its own). With
+    prompt_lens 0 the cost is rows x longest row, that of the plain forward."""
+    comp = (seq_lens - prompt_lens).tolist()
     groups = sorted(group_ids.unique().tolist(), key=lambda g: -int(seq_lens[group_ids == g].max()))
     chunks: list[list[int]] = []
     cur: list[int] = []
-    cur_groups, pmax, cmax = 0, 0, 0
+    cur_groups, pmax, cmax, psum, csum = 0, 0, 0, 0, 0
 
-    def cost(ng: int, rows: int, p: int, c: int) -> int:
-        return ng * p + rows * c
+    def cost(ng: int, rows: int, p: int, c: int, ps: int, cs: int) -> int:
+        return ps + cs if packed else ng * p + rows * c
 
     for g in groups:
         rows = torch.nonzero(group_ids == g).flatten().tolist()
-        gp, gc = int(prompt_lens[rows[0]]), int(comp[rows].max())
-        if cur and cost(cur_groups + 1, len(cur) + len(rows), max(pmax, gp), max(cmax, gc)) > max_tokens:
+        gp, gc, gs = int(prompt_lens[rows[0]]), max(comp[r] for r in rows), sum(comp[r] for r in rows)
+        if cur and cost(cur_groups + 1, len(cur) + len(rows), max(pmax, gp), max(cmax, gc), psum + gp,
+                        csum + gs) > max_tokens:
             chunks.append(cur)
-            cur, cur_groups, pmax, cmax = [], 0, 0, 0
-        if split_oversized and cost(1, len(rows), gp, gc) > max_tokens:  # split an oversized group
-            per = max(1, (max_tokens - gp) // max(gc, 1))
-            for s in range(0, len(rows), per):
-                chunks.append(rows[s:s + per])
+            cur, cur_groups, pmax, cmax, psum, csum = [], 0, 0, 0, 0, 0
+        if split_oversized and cost(1, len(rows), gp, gc, gp, gs) > max_tokens:  # split an oversized group
+            chunks += _split_group(rows, comp, gp, max_tokens, packed)
             continue
         cur += rows
         cur_groups += 1
-        pmax, cmax = max(pmax, gp), max(cmax, gc)
+        pmax, cmax, psum, csum = max(pmax, gp), max(cmax, gc), psum + gp, csum + gs
     if cur:
         chunks.append(cur)
     return chunks
+
+
+def _split_group(rows: list[int], comp: list[int], prompt: int, max_tokens: int, packed: bool) -> list[list[int]]:
+    """A group too large for one micro-batch, in parts that each fit (a part holds at least one row)."""
+    if not packed:
+        per = max(1, (max_tokens - prompt) // max(max(comp[r] for r in rows), 1))
+        return [rows[s:s + per] for s in range(0, len(rows), per)]
+    parts: list[list[int]] = [[]]
+    used = prompt
+    for r in rows:
+        if parts[-1] and used + comp[r] > max_tokens:
+            parts.append([])
+            used = prompt
+        parts[-1].append(r)
+        used += comp[r]
+    return parts
 
 
 def concat(batches: Sequence[Batch], pad_id: int) -> Batch:

@@ -41,7 +41,9 @@ def plain_scores(model: Any, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
 
 
 MODES = {"rows": {}, "shared prompt": {"shared": True}, "checkpointed layers": {"checkpoint_layers": True},
-         "entropy gradient": {"entropy_grad": True}}
+         "entropy gradient": {"entropy_grad": True}, "packed rows": {"packed": True},
+         "packed shared prompt": {"shared": True, "packed": True},
+         "packed, checkpointed": {"shared": True, "packed": True, "checkpoint_layers": True}}
 
 
 def learner_scores(model: Any, b: dict[str, torch.Tensor], mode: str) -> Any:

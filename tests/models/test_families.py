@@ -2,7 +2,8 @@
 configs, with SmolLM2's tokenizer), each made so that its special parts act (soft-capped logits,
 windows shorter than the sequence, experts that differ). For each family:
 - the learner's log-probs and entropies equal the model's own plain forward in every learner mode
-  (rows, shared prompt, checkpointed layers, the entropy-gradient head), to fp32 rounding;
+  (rows, shared prompt, checkpointed layers, the entropy-gradient head, padding-free packed rows and
+  packed groups), to fp32 rounding;
 - the learner's gradients equal plain autograd through the model's forward;
 - the HF and continuous-batching engines sample with the learner's log-probs before and after a large
   update of every weight, and so does vLLM (one process per family; Gemma 2 and Qwen3-MoE in the
@@ -70,7 +71,7 @@ def test_learner_scores_equal_the_models_forward(family, family_model, family_re
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_learner_gradients_equal_plain_autograd(family, family_model, family_results):
     model = family_model(family)
-    for mode in ("rows", "shared prompt", "checkpointed layers"):
+    for mode in ("rows", "shared prompt", "checkpointed layers", "packed rows", "packed, checkpointed"):
         rel = gradient_difference(model, mode)
         family_results(family, f"gradient: {mode}", rel)
         assert rel < GRAD_TOL, (mode, rel)

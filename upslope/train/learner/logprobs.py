@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from upslope.train.learner import packing
 from upslope.train.learner.amp import replay_autocast, save_autocast
 
 
@@ -141,19 +142,24 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, chunk_rows: int = 1024,
                  temperature: float = 1.0, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
                  top_k: int = 0, top_k_vocab: int | None = None, checkpoint_layers: bool = False,
-                 truncation: Truncation = Truncation()) -> HeadOutput:
+                 truncation: Truncation = Truncation(), packed: bool = False) -> HeadOutput:
     """Log-prob and entropy of every token where `target_mask` is set (under `temperature` and the
     sampler's `truncation`: the distribution the engine drew from); with `gather_ids`
     [N, L, K] also the log-probs at those ids, with `top_k` the model's own top-k (ids and
     log-probs; among the first `top_k_vocab` ids when given). `shared` = (prompt_lens,
     seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt).
     `checkpoint_layers` keeps only each decoder layer's input for backward and recomputes
-    the layer there (with `shared`: the completion pass; the shared prompts are short)."""
+    the layer there (with `shared`: the completion pass; the shared prompts are short). `packed` runs
+    the rows (each group's prompt once with `shared`) as one padding-free sequence (see packing.py)."""
     n, length = input_ids.shape
     if not fast_head_matches(model):
         return _model_scores(model, input_ids, attention_mask, target_mask, temperature, entropy_grad, gather_ids,
                              top_k, top_k_vocab, truncation)
-    if shared is None:
+    states = _packed_states(model, input_ids, attention_mask, target_mask, shared, checkpoint_layers) \
+        if packed else None
+    if states is not None:
+        h, targets, flat_index = states
+    elif shared is None:
         with checkpointed_layers(model, checkpoint_layers):
             h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
     else:
@@ -168,6 +174,25 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 _HEAD_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_UNPACKABLE: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _packed_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
+                   shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, checkpoint_layers: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The packed forward's states (see packing.py), or None for a model it cannot run (said once)."""
+    if model in _UNPACKABLE:
+        return None
+    seq_lens = attention_mask.sum(1) if shared is None else shared[1]
+    layout = packing.pack(input_ids, seq_lens, None if shared is None else (shared[0], shared[2]))
+    try:
+        packing.enable(model)
+        with checkpointed_layers(model, checkpoint_layers):
+            return packing.packed_states(_body(model), layout, input_ids, target_mask)
+    except packing.PackingUnsupported as err:
+        _log.warning(f"train.packing: {err}; this model runs padded micro-batches")
+        _UNPACKABLE[model] = True
+        return None
 _log = logging.getLogger("upslope")
 
 

@@ -149,14 +149,14 @@ class Updater:
     def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
         """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
         losses that compare a group's rows, e.g. a preference pair's chosen and rejected)."""
-        budget = self.train_cfg.micro_batch_tokens
+        budget, packed = self.train_cfg.micro_batch_tokens, self.train_cfg.packing
         if self.share_prompt:
             return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget,
-                                             split_oversized=not whole_groups)
+                                             split_oversized=not whole_groups, packed=packed)
         if whole_groups:
             return group_micro_batch_indices(torch.zeros_like(batch.prompt_lens), batch.seq_lens, batch.group_ids,
-                                             budget, split_oversized=False)
-        return micro_batch_indices(batch.seq_lens, budget)
+                                             budget, split_oversized=False, packed=packed)
+        return micro_batch_indices(batch.seq_lens, budget, packed=packed)
 
     def rank_micro_batches(self, mini: Batch, whole_groups: bool = False) -> list[tuple[list[int], float]]:
         """This rank's micro-batches of a mini-batch with the factor on each one's loss: all of them
@@ -196,7 +196,8 @@ class Updater:
                                 entropy_grad=entropy_grad and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
-                                checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation)
+                                checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation,
+                                packed=self.train_cfg.packing)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
