@@ -283,3 +283,41 @@ def test_routers_are_found_on_an_empty_model_and_a_dense_model_has_none(moe_path
         assert routing.why_not_routed(empty) is None and len(routing.routers(empty)) == 2
     reason = routing.why_not_routed(load_model(tiny_model_path, empty=True))
     assert reason is not None and "no MoE routers" in reason and "\n" not in reason
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_continuous_batching_records_the_experts_of_every_request(family, moe_path, monkeypatch):
+    """The hf_paged engine packs several requests in a forward and shares a prompt's full pages between its
+    requests: a 540-token prompt sampled 3 times runs its first 512 tokens for two requests only (the third
+    takes their pages); every sample still gets the experts of each of its tokens but the last, and replay
+    runs exactly those with the sampler's log-probs."""
+    from upslope.data.types import Example
+    from upslope.rollout import paged
+    from upslope.rollout.base import SamplingParams
+    from upslope.rollout.plugin import groups_to_batch
+
+    path = moe_path(family)
+    tokenizer = load_tokenizer(path)
+    engine = paged.PagedEngine(path, tokenizer, dtype="float32")
+    prompts = [tokenizer.encode("Question: how many legs do spiders have?" * 60),
+               tokenizer.encode("How many legs do 3 spiders have?")]
+    first_positions: list[int] = []
+    real_of = paged.RequestRouting.of
+    monkeypatch.setattr(paged.RequestRouting, "of", lambda self, request, prompt, n: (
+        first_positions.append(min(self.by_request[request])), real_of(self, request, prompt, n))[1])
+    params = SamplingParams(n=3, max_new_tokens=8, seed=0, routed_experts=True)
+    groups = engine.generate(prompts, params)
+    assert len(prompts[0]) == 540 and sorted(first_positions)[-1] == 512, first_positions  # a shared prompt page
+    b = groups_to_batch(prompts, [Example(id=str(i), prompt="", answer="") for i in range(2)], groups, params,
+                        tokenizer.pad_token_id, 0)
+    recorded = (b.routed_experts >= 0).all(-1).all(-1)
+    assert recorded.sum(1).tolist() == (b.seq_lens - 1).tolist()
+    model = engine.model
+    with ExpertsSeen(model) as seen, torch.no_grad():  # the learner's own routing: what was recorded, placed right
+        scores(model, b, "rows")
+    compared, differ = routed_as_recorded(b, seen, "rows")
+    assert compared > 3000 and differ == 0
+    with ExpertsSeen(model) as seen, torch.no_grad():
+        out = scores(model, b, "rows", routed_experts=b.routed_experts)
+    assert routed_as_recorded(b, seen, "rows")[1] == 0
+    assert float((out.logprobs - b.sampler_logprobs)[b.loss_mask > 0].abs().max()) < 5e-5
