@@ -7,7 +7,7 @@ the steps, the mean training reward of the last 10 steps, held-out accuracy afte
 per step and the run's CPU seconds. Writes OUT/results.json and OUT/results.md (a markdown table of the
 means over seeds).
 
-    PYTHONPATH=$PWD python benchmarks/moe_replay.py --out /tmp/moe-replay                 # 40 steps x 3 seeds
+    PYTHONPATH=$PWD python benchmarks/moe_replay.py --steps 20 --out /tmp/moe-replay      # docs/models.md: 3 seeds
     PYTHONPATH=$PWD python benchmarks/moe_replay.py --steps 2 --seeds 1 --out /tmp/smoke   # smoke
 """
 from __future__ import annotations

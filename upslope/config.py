@@ -153,7 +153,8 @@ class AlgoConfig(Section):
                                       "fresh_anchored or rerule; None: off", registry="replay")
     routing_replay: bool = opt(False, "MoE: the learner routes each token through the experts the sampler routed "
                                       "it to (R3: recorded by the engine, prompts included); needs a MoE model, "
-                                      "engine.name=hf and a rollout that keeps them (single_turn)")
+                                      "an engine that records them (hf, hf_paged) and a rollout that keeps them "
+                                      "(single_turn)")
 
 
 class CriticConfig(Section):

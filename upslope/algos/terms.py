@@ -280,7 +280,7 @@ def mismatch_kl(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> flo
 @LOSS_TERMS.register("mismatch")
 class Mismatch(LossTerm):
     """The train/inference mismatch metrics, no loss: `mismatch` (mean |learner - sampler| log-prob) and
-    `mismatch_kl` (KL(sampler || learner) per token, `mismatch_kl`).
+    `mismatch_kl` (KL(sampler || learner) per token, k3 on the sampled tokens).
 
     Measured on the batch's old log-probs when it has them (the learner's weights before the update),
     else on this forward's (the same weights: one update per batch). Every RL loss has it.
