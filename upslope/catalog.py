@@ -56,8 +56,14 @@ def type_name(ann: Any) -> str:
 
 def _portable(value: Any) -> Any:
     """A default that is a path inside the checkout's parent (e.g. ../shared/data) shown relative to the
-    checkout, so the generated docs are the same in every clone."""
+    checkout, and one inside $UPSLOPE_DATA_DIR as the same file of ../shared/data, so the generated
+    docs are the same in every clone and wherever the data sets are."""
+    from upslope.data.paths import shared_data_dir
+
     root = Path(__file__).resolve().parents[1]
+    data = str(shared_data_dir())
+    if isinstance(value, str) and value.startswith(data + os.sep):
+        return os.path.join("..", "shared", "data", os.path.relpath(value, data))
     if isinstance(value, str) and value.startswith(str(root.parent) + os.sep):
         return os.path.relpath(value, root)
     return value

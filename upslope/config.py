@@ -56,7 +56,8 @@ class EngineConfig(Section):
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
-    seed: int = opt(0, "engine sampling seed (0 <= seed < 2**32)", **SEED_RANGE)
+    seed: int = opt(0, "engine sampling seed, mixed into every rollout's and evaluation's seed for every engine "
+                       "(0: the run's own seeds; 0 <= seed < 2**32)", **SEED_RANGE)
 
     @field_validator("tensor_parallel_size")
     @classmethod

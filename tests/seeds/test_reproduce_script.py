@@ -250,12 +250,12 @@ def test_the_dry_run_of_every_claim(capsys):
         cmds = capsys.readouterr().out.strip().splitlines()
         if claim.teacher:
             teacher, cmds = cmds[0], cmds[1:]
-            assert f" train {ROOT}/recipes/{claim.teacher}.yaml train.seed=0 " in teacher
+            assert f" train {shlex.quote(f'{ROOT}/recipes/{claim.teacher}.yaml')} train.seed=0 " in teacher
             assert all(f"distill.teacher=/tmp/w/teachers/{claim.teacher}-" in c for c in cmds)
         if claim.sweep:  # searched first over the method's recipe; the method arm trains its best point
             sweep, cmds = cmds[0], cmds[1:]
-            assert f" sweep {ROOT}/recipes/{claim.recipe}.yaml " in sweep and " --rungs 1,3 " in sweep
-            assert all(f"/tmp/w/sweeps/{method}-" in c and c.split()[4].endswith("/best.yaml") for c in cmds[0::2])
+            assert f" sweep {shlex.quote(f'{ROOT}/recipes/{claim.recipe}.yaml')} " in sweep and " --rungs 1,3 " in sweep
+            assert all(f"/tmp/w/sweeps/{method}-" in c and shlex.split(c)[4].endswith("/best.yaml") for c in cmds[0::2])
             assert all(f"/{claim.baseline}.yaml" in c for c in cmds[1::2])
             continue
         assert len(cmds) == 4

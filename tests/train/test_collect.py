@@ -218,3 +218,16 @@ def test_merged_repeats_arriving_in_pieces_are_joined_before_scoring(hf_engine, 
     with pytest.raises(ValueError, match="merged repeats"):
         run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3, merge_repeats=True,
                 rollout=per_group_reversed(hf_engine), on_kept=lambda b: None)
+
+
+def test_engine_seed_reaches_every_engines_sampling():
+    """engine.seed is mixed into each step's sampling seed (and evaluation's) whatever the engine; 0 keeps
+    the run's own seeds."""
+    from upslope.config import load_config
+    from upslope.seeding import step_seed
+    from upslope.train.sources import step_sampling
+
+    plain = step_sampling(load_config(None, ["engine.name=hf"]), [2], step=3)
+    assert plain.seed == step_seed(0, 3)
+    seeded = [step_sampling(load_config(None, ["engine.name=hf", f"engine.seed={s}"]), [2], step=3).seed for s in (5, 6)]
+    assert len({plain.seed, *seeded}) == 3

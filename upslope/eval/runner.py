@@ -85,7 +85,7 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
         specs = [RewardSpec(name=name, options=opts)]
     params = SamplingParams(n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
                             max_new_tokens=eval_generation_length(cfg),
-                            seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
+                            seed=cfg.train.seed ^ cfg.engine.seed, stop_token_ids=runtime.stop_ids)
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")
     pad_id = runtime.tokenizer.pad_token_id

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from upslope.errors import SetupError
 from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
 from upslope.rewards.context import RewardContext
@@ -176,7 +177,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
           token_ids: Sequence[list[int]] | None = None) -> RewardResult:
     """Run every reward on every completion. A reward that raises or returns NaN or inf gives
     the sample `fallback` and is counted; the run goes on. A reward's "does not apply" (TRL's None)
-    adds 0 and is counted apart. `token_ids`: each completion's tokens, for the rewards that take them."""
+    adds 0 and is counted apart. A SetupError (the machine cannot compute the reward at all) stops
+    it. `token_ids`: each completion's tokens, for the rewards that take them."""
     n = len(completions)
     comps: dict[str, list[float]] = {}
     weights: dict[str, float] = {}
@@ -209,6 +211,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             try:
                 extra = {"token_ids": token_ids} if rf.token_ids else {}
                 values = list(rf.fn(list(completions), list(answers), list(metas), **extra))
+            except SetupError:
+                raise
             except Exception as exc:
                 failures[rf.name] = failures.get(rf.name, 0) + n
                 errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
@@ -218,6 +222,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             for i in range(n):
                 try:
                     values.append(rf.fn(completions[i], answers[i], metas[i]))
+                except SetupError:
+                    raise
                 except Exception as exc:
                     failures[rf.name] = failures.get(rf.name, 0) + 1
                     errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")

@@ -68,7 +68,7 @@ def step_sampling(cfg: Config, stop_ids: list[int], step: int) -> SamplingParams
     nothing is seeded (groups generated ahead use it too)."""
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, seed=step_seed(cfg.train.seed, step),
+                          max_new_tokens=r.max_new_tokens, seed=step_seed(cfg.train.seed, step) ^ cfg.engine.seed,
                           stop_token_ids=list(stop_ids), routed_experts=cfg.algo.routing_replay)
 
 

@@ -155,7 +155,8 @@ def test_kill_during_checkpoint_write_leaves_previous_loadable(tiny_model_path, 
     (["train", "rollout.kind=multi_trun"], "rollout.kind: unknown rollout 'multi_trun' (did you mean 'multi_turn'?)"),
     (["dpo", "rollout.kind=single_trun"], "did you mean 'single_turn'"),
 ])
-def test_bad_input_is_one_clear_line(args, expected, capsys):
+def test_bad_input_is_one_clear_line(args, expected, capsys, smollm_path):
+    # the commands use the default model: converted by the session fixture, not inside the captured command
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("upslope: error:") and expected in err[0], err
