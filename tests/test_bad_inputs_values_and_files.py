@@ -103,6 +103,35 @@ case("vllm_cannot_run_architecture", _olmo2_on_vllm)(
                "engine.name=vllm"])
 
 
+def _moe(w: World) -> str:
+    from upslope.families import make_family_model
+
+    return make_family_model("qwen3_moe", w.tiny, w.tmp / "qwen3_moe")
+
+
+def _replay_on_vllm(w: World) -> list[str]:
+    """What routing replay with engine.name=vllm says: vLLM does not return routed experts here (without vLLM
+    installed: that it is not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return ["engine.name=vllm: vllm is not installed"]
+    return ["algo.routing_replay: engine.name=vllm does not return the experts it routed each token to",
+            "set engine.name to one that does: hf"]
+
+
+case("routing_replay_on_a_dense_model", ["algo.routing_replay: LlamaForCausalLM has no MoE routers"])(
+    lambda w: ["train", *w.base(None, "algo.routing_replay=true")])
+case("load_balance_on_a_dense_model", ["algo.terms[0] (load_balance): LlamaForCausalLM has no MoE routers"])(
+    lambda w: ["train", *w.base(None, "algo.terms=[{name: load_balance, options: {coef: 0.01}}]")])
+case("routing_replay_with_vllm", _replay_on_vllm)(
+    lambda w: ["train", *[a for a in w.base(None, f"model.name={_moe(w)}") if a != "engine.name=hf"],
+               "engine.name=vllm", "algo.routing_replay=true"])
+case("routing_replay_with_a_rollout_that_drops_the_experts",
+     ["algo.routing_replay: rollout.kind=tree does not keep the experts", "use single_turn"])(
+    lambda w: ["train", *w.base(None, f"model.name={_moe(w)}", "rollout.kind=tree", "algo.routing_replay=true")])
+
+
 
 def _model_with_config(w: World, **changes: object) -> str:
     """A copy of the tiny model whose config.json has `changes`."""

@@ -59,3 +59,26 @@ def test_concat_pads_to_the_widest_and_keeps_group_ids():
 def test_concat_of_one_batch_is_that_batch():
     b = three_rows()
     assert concat([b], PAD) is b
+
+
+def routed(rows: list[list[int]]) -> torch.Tensor:
+    """[tokens, 1 MoE layer, 2 experts]: token t routed to experts (v, v + 1) for each value v of `rows`."""
+    return torch.tensor([[[v, v + 1]] for v in rows], dtype=torch.int16)
+
+
+def test_routed_experts_follow_their_tokens_through_select_micro_batches_and_concat():
+    """Each sample's recorded experts sit at its tokens' positions, -1 beyond its end, through every split."""
+    experts = [routed([10, 11, 12]), routed([20, 21, 22, 23, 24]), routed([30, 31, 32])]
+    b = build_batch([[1, 2], [1, 2], [7]], [[3], [4, 5, 6], [8, 8]], [[-0.1], [-0.2, -0.3, -0.4], [-0.5, -0.6]],
+                    [0, 0, 1], [False, True, False], PAD, routed_experts=experts)
+    assert b.routed_experts.shape == (3, 5, 1, 2) and b.routed_experts.dtype == torch.int16
+    assert b.routed_experts[:, :, 0, 0].tolist() == [[10, 11, 12, -1, -1], [20, 21, 22, 23, 24], [30, 31, 32, -1, -1]]
+    s = b.select([2, 0])
+    assert s.routed_experts[:, :, 0, 1].tolist() == [[31, 32, 33], [11, 12, 13]]
+    parts = list(b.micro_batches(max_tokens=6))  # the 5-token row alone, then the two 3-token rows
+    assert [p.routed_experts[:, :, 0, 0].tolist() for p in parts] == [[[20, 21, 22, 23, 24]],
+                                                                       [[10, 11, 12], [30, 31, 32]]]
+    joined = concat([b.select([0]), b.select([1])], PAD)
+    assert joined.routed_experts[:, :, 0, 0].tolist() == [[10, 11, 12, -1, -1], [20, 21, 22, 23, 24]]
+    without = build_batch([[1]], [[2]], [[-0.1]], [0], [False], PAD, routed_experts=[None])
+    assert without.routed_experts is None and concat([b.select([0]), without], PAD).routed_experts is None

@@ -185,7 +185,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("upslope.errors", "upslope.bounds", "upslope.yaml_strict", "upslope.fsutil", "upslope.config_base",
               "upslope.config_schema", "upslope.config_commands", "upslope.registry", "upslope.plugins",
               "upslope.config", "upslope.batch", "upslope.seeding", "upslope.hardware", "upslope.models",
-              "upslope.scalar_head", "upslope.logs", "upslope.rollout.base")),
+              "upslope.scalar_head", "upslope.routing", "upslope.logs", "upslope.rollout.base")),
     ("plugins", ("upslope.data", "upslope.algos", "upslope.sandbox")),
     ("rewards", ("upslope.rewards",)),
     ("agents", ("upslope.agents",)),

@@ -5,6 +5,8 @@ length L. Every per-token field is `[N, L]` and aligned to the token it describe
 value at `[i, t]` is about token `input_ids[i, t]` (for log-probs: log p(token t | tokens
 < t)). `loss_mask` is 1 exactly on the tokens the policy is trained on (completion
 tokens the model generated), 0 on prompt, padding and environment/tool tokens.
+A MoE model's batch may also carry the experts the sampler routed each token to (`routed_experts`,
+prompt tokens included), which the learner replays.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ if TYPE_CHECKING:  # a type only: batch is below data in the layering
 
 _TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages", "old_logprobs",
                  "ref_logprobs", "values", "returns", "token_rewards", "teacher_logprobs", "teacher_topk_ids",
-                 "teacher_topk_logprobs", "advantage_bonus")
+                 "teacher_topk_logprobs", "advantage_bonus", "routed_experts")
 _SAMPLE_FIELDS = ("prompt_lens", "seq_lens", "group_ids", "rewards", "truncated", "policy_version", "reward_scale",
                   "reward_override")
 
@@ -51,6 +53,9 @@ class Batch:
     reward_scale: torch.Tensor | None = None  # [N] multiplies the combined reward (e.g. a decay after guidance)
     reward_override: torch.Tensor | None = None  # [N] replaces the combined reward where not NaN (ESPO's stop)
     advantage_bonus: torch.Tensor | None = None  # [N, L] added to the advantage (the agent's interleaved SFT term)
+    # [N, L, R, K] int16: the K experts the sampler routed each token to at each of the model's R MoE layers
+    # (-1: none recorded: padding, a completion's last token); set by algo.routing_replay, replayed by the learner
+    routed_experts: torch.Tensor | None = None
     meta: list[dict[str, Any]] = field(default_factory=list)  # per-sample: answer, task fields, text
 
     @property
@@ -192,7 +197,7 @@ def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
             if any(v is None for v in vals):
                 out[f.name] = None
                 continue
-            fill = pad_id if f.name == "input_ids" else 0
+            fill = PAD_FILL.get(f.name, 0) if f.name != "input_ids" else pad_id
             out[f.name] = torch.cat([_pad_right(v, width, fill) for v in vals])
         elif f.name in _SAMPLE_FIELDS:
             out[f.name] = None if any(v is None for v in vals) else torch.cat(vals)
@@ -208,6 +213,9 @@ def in_group_order(parts: Sequence[Batch], pad_id: int) -> Batch:
     """Pieces of whole groups (disjoint runs of group ids, e.g. a rollout round's jobs) joined in
     order of their first group id, as one rollout of them all would have returned them."""
     return concat(sorted(parts, key=lambda b: int(b.group_ids[0]) if b.size else -1), pad_id)
+
+
+PAD_FILL = {"routed_experts": -1}  # what pads a token field beyond its rows' ends (else 0; input_ids: pad_id)
 
 
 def _pad_right(t: torch.Tensor, width: int, value: float | int) -> torch.Tensor:
@@ -227,9 +235,12 @@ def build_batch(
     policy_version: int = 0,
     meta: Sequence[dict[str, Any]] | None = None,
     completion_loss_masks: Sequence[Sequence[int]] | None = None,
+    routed_experts: Sequence[torch.Tensor | None] | None = None,
 ) -> Batch:
     """Pad per-sample token lists into a Batch. `completion_loss_masks` (optional) marks
-    completion tokens not to train on, e.g. tool output in a multi-turn rollout."""
+    completion tokens not to train on, e.g. tool output in a multi-turn rollout. `routed_experts`
+    (optional) are each sample's recorded experts, [prompt + completion tokens, R, K]; the batch
+    carries them only when every sample has them."""
     n = len(prompt_ids)
     lens = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     width = max(lens) if lens else 0
@@ -246,7 +257,16 @@ def build_batch(
             m = completion_loss_masks[i] if completion_loss_masks is not None else [1] * lc
             loss[i, lp:lp + lc] = torch.as_tensor(list(m), dtype=torch.float32)
         attn[i, :lp + lc] = True
+    routed = None
+    if routed_experts is not None and n and all(r is not None for r in routed_experts):
+        first = routed_experts[0]
+        assert first is not None
+        routed = torch.full((n, width, *first.shape[1:]), PAD_FILL["routed_experts"], dtype=first.dtype)
+        for i, r in enumerate(routed_experts):
+            assert r is not None and r.shape[0] == lens[i], "routed experts: one row per prompt and completion token"
+            routed[i, :lens[i]] = r
     return Batch(
+        routed_experts=routed,
         input_ids=ids,
         attention_mask=attn,
         loss_mask=loss,

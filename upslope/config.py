@@ -169,6 +169,10 @@ class AlgoConfig(Section):
                                   registry="reward_combiner")
     replay: Plugin | None = opt(None, "rollout replay between advantage and update (registry: replay), e.g. "
                                       "fresh_anchored or rerule; None: off", registry="replay")
+    routing_replay: bool = opt(False, "MoE: the learner routes each token through the experts the sampler routed "
+                                      "it to (R3: recorded by the engine, prompts included); needs a MoE model, "
+                                      "an engine that records them (hf, hf_paged) and a rollout that keeps them "
+                                      "(single_turn)")
 
 
 class CriticConfig(Section):
@@ -554,7 +558,7 @@ def validate(raw: dict[str, Any], source: str = "config") -> Config:
 
 def check_idle_options(cfg: Config, source: str = "config") -> None:
     """An option that cannot act in this configuration is a ConfigError, not a silent no-op."""
-    from upslope.registry import ADVANTAGES
+    from upslope.registry import ADVANTAGES, ROLLOUTS
 
     a = cfg.algo
     if a.correction is not None and a.old_policy == "sampler":
@@ -563,6 +567,10 @@ def check_idle_options(cfg: Config, source: str = "config") -> None:
     if a.kl_target is not None and not a.kl_coef:
         raise ConfigError(f"{source}: algo.kl_target needs algo.kl_coef > 0 (the adaptive coefficient starts there; "
                           f"with 0 no KL is computed at all)")
+    if a.routing_replay and not ROLLOUTS.get(cfg.rollout.kind, "rollout.kind").traits.routed_experts:
+        kinds = sorted(e.name for e in ROLLOUTS.entries() if e.traits.routed_experts)
+        raise ConfigError(f"{source}: algo.routing_replay: rollout.kind={cfg.rollout.kind} does not keep the experts "
+                          f"the engine routed each token to; use {' or '.join(kinds)}")
     if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).traits.critic:
         raise ConfigError(f"{source}: critic options are set but algo.advantage '{a.advantage.name}' uses no critic "
                           f"(gae and sr_ppo do); drop them or pick a critic estimator")

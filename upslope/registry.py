@@ -92,6 +92,7 @@ class TaskTraits(Traits):
 class RolloutTraits(Traits):
     train_only: bool = False  # a training-time shaping of the samples: evaluation samples plainly instead
     setup: Callable[..., Any] | None = None  # (cfg, tokenizer, evaluation) -> the rollout, built once per run
+    routed_experts: bool = False  # its batches carry the engine's routed experts (algo.routing_replay)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class EngineTraits(Traits):
     auto_rank: int | None = None  # engine.name=auto picks the lowest rank that is installed (None: never)
     copies_policy: bool = False  # generates with a private copy of the policy's weights
     model_check: Callable[..., Any] | None = None  # (model path) -> why it cannot run that model, or None
+    routed_experts: bool = False  # returns a MoE model's routed experts (SamplingParams.routed_experts)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class Runtime:
         from upslope.rollout.engines import check_engine_runs
 
         check_engine_runs(cfg.engine, path)
+        check_moe_options(cfg, path)
         return cls(cfg, path, tok, stop_token_ids(tok, path), announce=announce)
 
     @property
@@ -57,6 +58,41 @@ class Runtime:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+
+def moe_options(cfg: Config) -> list[str]:
+    """The options set in `cfg` that act on a MoE model's routers: algo.routing_replay, and each
+    algo.terms entry whose term reads the routers' load-balancing loss."""
+    from upslope.registry import LOSS_TERMS
+
+    found = ["algo.routing_replay"] if cfg.algo.routing_replay else []
+    return found + [f"algo.terms[{i}] ({t.name})" for i, t in enumerate(cfg.algo.terms)
+                    if getattr(LOSS_TERMS.get(t.name, "algo.terms").fn, "router_aux_loss", False)]
+
+
+def check_moe_options(cfg: Config, model_path: str) -> None:
+    """Before any work: an option acting on MoE routers (`moe_options`) with a model that has none (or
+    routers of a kind `upslope.routing` does not know), or routing replay with an engine that cannot
+    return the experts it routed each token to, is one ConfigError line."""
+    options = moe_options(cfg)
+    if not options:
+        return
+    from upslope import routing
+    from upslope.models import load_model
+    from upslope.registry import ENGINES
+    from upslope.rollout.engines import engine_name
+
+    reason = routing.why_not_routed(load_model(model_path, trust_remote_code=cfg.model.trust_remote_code, empty=True))
+    if reason:
+        raise ConfigError(f"{options[0]}: {reason}; it acts on a MoE model's routers only")
+    if not cfg.algo.routing_replay:
+        return
+    name = engine_name(cfg.engine)
+    if not ENGINES.get(name, "engine.name").traits.routed_experts:
+        able = sorted(e.name for e in ENGINES.entries() if e.traits.routed_experts)
+        picked = f"engine.name=auto picks {name}, which" if cfg.engine.name == "auto" else f"engine.name={name}"
+        raise ConfigError(f"algo.routing_replay: {picked} does not return the experts it routed each token to "
+                          f"(docs/models.md); set engine.name to one that does: {', '.join(able)}")
 
 
 def build_engine(cfg: Config, model_path: str, tokenizer: Any, announce: Any = print) -> Engine:

@@ -127,3 +127,27 @@ def test_tis_weights_are_capped_detached_and_masked(t, level, cap, lo, hi):
             assert torch.all(w[i][on] == w[i][on][0]) if on.any() else True
     for v in metrics.values():
         assert 0 <= float(v) and math.isfinite(float(v))
+
+
+def test_mismatch_kl_hand_example_and_never_nan():
+    """KL(sampler || learner) per trained token as k3 = r - 1 - log r, r = p_learner / p_sampler; both -inf: 0."""
+    from upslope.algos.terms import mismatch_kl
+
+    inf = float("inf")
+    learner, sampler = torch.tensor([[-1.0, -2.0, -inf, -0.5]]), torch.tensor([[-1.5, -1.0, -inf, -0.1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    k3 = [math.exp(d) - 1 - d for d in (0.5, -1.0, 0.0)]
+    assert mismatch_kl(learner, sampler, mask) == pytest.approx(sum(k3) / 3)
+
+
+def test_the_load_balance_term_adds_coef_times_the_routers_loss_at_every_trained_token():
+    from upslope.algos.terms import LoadBalance, LossInputs
+
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    aux = torch.tensor(1.25, requires_grad=True)
+    zeros = torch.zeros(2, 3)
+    out = LoadBalance(coef=0.2)(LossInputs(logprobs=zeros, old_logprobs=zeros, sampler_logprobs=zeros,
+                                           advantages=zeros, mask=mask, router_aux_loss=aux))
+    assert torch.equal(out.add.detach(), 0.25 * mask) and out.metrics == {"router/load_balance": 1.25}
+    out.add.sum().backward()
+    assert float(aux.grad) == pytest.approx(0.2 * 3)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Callable, ClassVar, Literal, Sequence
 
+import torch
 from torch import Tensor
 
 from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio
@@ -55,6 +56,7 @@ class LossInputs:
     entropy: Tokens | None = None  # the policy's entropy at each position (with gradient when a term asks)
     ref_logprobs: Tokens | None = None  # the frozen reference's (when a term needs the reference)
     topk_logprobs: TopK | None = None  # the policy's K most likely tokens' log-probs (when a term asks)
+    router_aux_loss: Tensor | None = None  # 0-d: the MoE routers' load-balancing loss of this forward (when a term asks)
 
     @property
     def trained_tokens(self) -> float:
@@ -81,6 +83,7 @@ class LossTerm:
     entropy_grad: ClassVar[bool] = False  # back-propagates through the entropy
     needs_old_logprobs: bool = False  # reads the batch's old log-probs in `prepare` (one no-grad forward)
     top_k: int = 0  # reads the policy's top-k log-probs from the same forward
+    router_aux_loss: ClassVar[bool] = False  # reads the MoE routers' load-balancing loss of the same forward
 
     def __call__(self, x: LossInputs) -> TermOutput:
         raise NotImplementedError
@@ -237,6 +240,27 @@ class EntropyBonus(LossTerm):
         return TermOutput(add=-self.coef * x.entropy)
 
 
+@LOSS_TERMS.register("load_balance")
+class LoadBalance(LossTerm):
+    """A MoE model's router load-balancing loss (Switch Transformer's, as transformers computes it with
+    output_router_logits): coef x experts x sum over experts of (share of the top-k picks) x (mean router
+    probability), over every MoE layer and every token the forward ran, prompts included. It is added at
+    every trained token, so that algo.loss_agg weighs it as it weighs the other terms.
+
+    coef: weight of the load-balancing loss (transformers' router_aux_loss_coef: Mixtral 0.02, Qwen3-MoE 0.001)
+    """
+
+    router_aux_loss = True
+
+    def __init__(self, *, coef: NonNegative = 0.001):
+        self.coef = coef
+
+    def __call__(self, x: LossInputs) -> TermOutput:
+        assert x.router_aux_loss is not None, "the load-balancing term needs the forward's router logits"
+        return TermOutput(add=self.coef * x.router_aux_loss * x.mask,
+                          metrics={"router/load_balance": float(x.router_aux_loss.detach())})
+
+
 def mismatch(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> float:
     """Mean |log p_learner - log p_sampler| over the trained tokens; the gap is clamped as the
     losses clamp log-ratios (both -inf counts as 0), so the metric is never NaN."""
@@ -244,9 +268,19 @@ def mismatch(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> float:
     return float((gap * mask).sum()) / max(float(mask.sum()), 1.0)
 
 
+def mismatch_kl(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> float:
+    """KL(sampler || learner) per trained token, estimated on the tokens the sampler drew: the mean of
+    k3 = r - 1 - log r, r = p_learner / p_sampler (unbiased, never negative), the log-ratio clamped as in
+    `mismatch`."""
+    log_r = clamp_log_ratio(logprobs - sampler_logprobs, MAX_LOG_RATIO)
+    k3 = torch.expm1(log_r) - log_r
+    return float((k3 * mask).sum()) / max(float(mask.sum()), 1.0)
+
+
 @LOSS_TERMS.register("mismatch")
 class Mismatch(LossTerm):
-    """The train/inference mismatch metric (`mismatch`: mean |learner - sampler| log-prob), no loss.
+    """The train/inference mismatch metrics, no loss: `mismatch` (mean |learner - sampler| log-prob) and
+    `mismatch_kl` (KL(sampler || learner) per token, k3 on the sampled tokens).
 
     Measured on the batch's old log-probs when it has them (the learner's weights before the update),
     else on this forward's (the same weights: one update per batch). Every RL loss has it.
@@ -255,9 +289,12 @@ class Mismatch(LossTerm):
     zero_at_zero_advantage = True
 
     def __call__(self, x: LossInputs) -> TermOutput:
-        return TermOutput(metrics={"mismatch": mismatch(x.logprobs.detach(), x.sampler_logprobs, x.mask)})
+        learner = x.logprobs.detach()
+        return TermOutput(metrics={"mismatch": mismatch(learner, x.sampler_logprobs, x.mask),
+                                   "mismatch_kl": mismatch_kl(learner, x.sampler_logprobs, x.mask)})
 
     def finish(self, batch: Batch) -> Metrics:
         if batch.old_logprobs is None:
             return {}
-        return {"mismatch": mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)}
+        return {"mismatch": mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask),
+                "mismatch_kl": mismatch_kl(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)}

@@ -5,8 +5,13 @@ growing prefixes. An assistant turn is the text its render appends to the render
 before it with `add_generation_prompt=True` (the context plus the assistant header); of its
 tokens, the content up to and including the first stop token (e.g. `<|im_end|>`) is trained,
 and template text after it (a newline between turns) is not, since the model never generates
-it. This needs a template whose renders grow by appending; one that rewrites earlier turns
-(e.g. drops past reasoning) or ignores `add_generation_prompt` is a clear error.
+it. This needs a template whose renders grow by appending, up to each assistant turn's stop token:
+text a template writes only at the end of a conversation (Phi-3's final eos) is allowed after it,
+but one that rewrites an earlier turn's content (Qwen3's drops the reasoning of turns before the
+last user message) is a clear error, since the ids trained on would not be the ids the model wrote.
+A template with no generation prompt (Mistral's: the reply follows `[/INST]`) is read the same way,
+provided the reply it appends starts with the message's content; one that writes a header there
+(which the model would then learn to write) is a clear error.
 
 The text is tokenised piecewise at the turn boundaries: the context before a reply is
 tokenised on its own, exactly as a prompt is at generation time, and the reply on its own,
@@ -39,23 +44,25 @@ def assistant_mask(messages: Sequence[dict[str, Any]], tokenizer: Any, stop_ids:
         raise DataError(f"{where}: no assistant message to train on")
     if messages[0]["role"] == "assistant":
         raise DataError(f"{where}: the conversation starts with an assistant message (nothing to condition on)")
-    full = render(tokenizer, messages, False)
+    full = render(tokenizer, messages, False, where)
+    stop_texts = [text for text in (tokenizer.decode([int(s)]) for s in stop_ids) if text]
     spans: list[tuple[int, int]] = []  # character spans of the assistant turns (after their headers)
     for j, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        header = render(tokenizer, messages[:j], True)
-        turn = render(tokenizer, messages[:j + 1], False)
+        header = render(tokenizer, messages[:j], True, where)
+        turn = render(tokenizer, messages[:j + 1], False, where)
         _check_prefix(header, turn, where, f"the turns before message {j + 1} with the generation prompt",
                       f"the turns up to message {j + 1}")
-        _check_prefix(turn, full, where, f"the turns up to message {j + 1}", "the whole conversation")
-        if header == render(tokenizer, messages[:j], False):
-            raise DataError(f"{where}: the chat template ignores add_generation_prompt, so the assistant header "
-                            f"cannot be told from the reply")
+        if header == render(tokenizer, messages[:j], False, where):
+            _check_reply_opens_with_content(turn[len(header):], msg.get("content"), where)
+        end = _turn_end(header, turn, full, stop_texts)
+        if end is None:
+            _check_prefix(turn, full, where, f"the turns up to message {j + 1}", "the whole conversation")
         if spans and len(header) < spans[-1][1]:
             raise DataError(f"{where}: the chat template is not prefix-stable: message {j + 1}'s context is shorter "
                             f"than the conversation before it")
-        spans.append((len(header), len(turn)))
+        spans.append((len(header), end if end is not None else len(turn)))
     stops = set(int(s) for s in stop_ids)
     ids: list[int] = []
     mask: list[int] = []
@@ -71,6 +78,30 @@ def assistant_mask(messages: Sequence[dict[str, Any]], tokenizer: Any, stop_ids:
     return ids + tail, mask + [0] * len(tail)
 
 
+def _turn_end(header: str, turn: str, full: str, stop_texts: Sequence[str]) -> int | None:
+    """Where the assistant turn that `turn` ends with ends in `full`: the end of `turn` when `full` goes on
+    from it; else the end of the turn's first stop token when `full` agrees with `turn` that far (the
+    template writes something else only after the reply, e.g. a conversation-final eos); else None."""
+    if full.startswith(turn):
+        return len(turn)
+    found = [at + len(text) for text in stop_texts if (at := turn.find(text, len(header))) >= 0]
+    if not found:
+        return None
+    end = min(found)
+    return end if full[:end] == turn[:end] else None
+
+
+def _check_reply_opens_with_content(reply: str, content: Any, where: str) -> None:
+    """For a template without a generation prompt: the text an assistant turn appends must start with
+    its content (whitespace aside), else the template wrote a header there that would be trained."""
+    text = content.strip() if isinstance(content, str) else ""
+    if text and not reply.lstrip().startswith(text):
+        cut = reply.find(text)
+        head = reply[:cut] if cut > 0 else reply[:20]
+        raise DataError(f"{where}: the chat template ignores add_generation_prompt and writes {head!r} before the "
+                        f"reply, so the assistant header cannot be told from the reply")
+
+
 def _tokens(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
@@ -81,4 +112,5 @@ def _check_prefix(short: str, long: str, where: str, what_short: str, what_long:
     at = next((i for i, (a, b) in enumerate(zip(short, long)) if a != b), min(len(short), len(long)))
     raise DataError(f"{where}: the chat template is not prefix-stable: rendering {what_short} is not a prefix of "
                     f"rendering {what_long} (they differ at character {at}: {long[at:at + 20]!r}); the "
-                    f"assistant-only mask needs a template whose renders grow by appending")
+                    f"assistant-only mask needs a template whose renders grow by appending (give one with "
+                    f"model.chat_template, or split the conversation at its assistant turns)")

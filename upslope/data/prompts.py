@@ -86,12 +86,16 @@ def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_p
                 continue_final: bool = False) -> str:
     """The chat template applied to `messages` (with `continue_final`, the last message, an assistant
     turn, is left open for the model to continue: a prefilled reply); a template that fails on them
-    (a Jinja error, `raise_exception`) is one DataError line naming the example and model.chat_template."""
+    (a Jinja error, `raise_exception`) is one DataError line naming the example and model.chat_template,
+    and its system message when it has one (a template without a system role refuses it)."""
     import jinja2
 
     try:
         return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
                                              continue_final_message=continue_final)
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
+        system = any(m.get("role") == "system" for m in messages)
+        hint = (" (it has a system message, from data.system_prompt or the data itself: some templates, e.g. "
+                "Gemma 2's, have no system role)" if system else "")
         raise DataError(f"{where}: the chat template failed on this conversation ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); check model.chat_template") from None
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}){hint}; check model.chat_template") from None

@@ -21,6 +21,7 @@ class SamplingParams:
     max_new_tokens: int = 32
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    routed_experts: bool = False  # also return the experts a MoE model routed each token to (routing replay)
 
 
 @dataclass
@@ -29,6 +30,9 @@ class Completion:
     logprobs: list[float]  # the sampler's log-prob of each generated token
     text: str  # decoded completion, special tokens skipped
     finish_reason: str  # "stop" (a stop token) or "length" (max_new_tokens)
+    # with SamplingParams.routed_experts: [prompt + completion tokens, MoE layers, experts per token] int16,
+    # the experts each token was routed to (-1: not run through the model, e.g. the last token)
+    routed_experts: torch.Tensor | None = None
 
     @property
     def truncated(self) -> bool:

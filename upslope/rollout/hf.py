@@ -1,10 +1,15 @@
-"""The fallback engine: transformers `generate`, batched with left padding."""
+"""The fallback engine: transformers `generate`, batched with left padding. For a MoE model it can
+also return the experts each token was routed to (`SamplingParams.routed_experts`, recorded from the
+routers as `generate` runs: the prompts' forward, then one forward per new token)."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from upslope import routing
+from upslope.errors import UpslopeError
 from upslope.registry import ENGINES
 from upslope.hardware import fit_threads
 from upslope.models import attention_for
@@ -55,14 +60,18 @@ class HFEngine(Engine):
         if greedy and params.n > 1:  # HF refuses num_return_sequences > 1 without sampling: repeat the rows
             ids, attn, n_return = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0), 1
         stops = params.stop_token_ids or [self.tokenizer.eos_token_id]
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p, top_k=None if greedy else params.top_k,  # 0 turns off HF's default top-k of 50
-            num_return_sequences=n_return, eos_token_id=stops, pad_token_id=self.pad_id,
-            output_scores=True, return_dict_in_generate=True,
-        )
+        watch = routing.recording(self.model) if params.routed_experts else contextlib.nullcontext()
+        with watch as recorded:
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+                temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+                top_k=None if greedy else params.top_k,  # 0 turns off HF's default top-k of 50
+                num_return_sequences=n_return, eos_token_id=stops, pad_token_id=self.pad_id,
+                output_scores=True, return_dict_in_generate=True,
+            )
         new = out.sequences[:, width:].cpu()
+        routed = _routed_columns(recorded, new.shape[0], width, len(out.scores)) if recorded is not None else None
         # scores are the processed logits the sampler drew from (temperature, top-p/k applied)
         logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
         token_lp = logps.gather(-1, out.sequences[:, width:].unsqueeze(-1)).squeeze(-1).cpu()
@@ -73,8 +82,12 @@ class HFEngine(Engine):
             end = next((i + 1 for i, t in enumerate(toks) if t in stop_set), None)
             finish = "stop" if end is not None else "length"
             toks = toks[:end] if end is not None else toks
+            experts = None
+            if routed is not None:  # the prompt's tokens (right of its left padding), then the completion's
+                plen = len(prompts[row // params.n])
+                experts = routed[row, width - plen:width + len(toks)]
             completions.append(Completion(toks, token_lp[row, :len(toks)].tolist(),
-                                          self.tokenizer.decode(toks, skip_special_tokens=True), finish))
+                                          self.tokenizer.decode(toks, skip_special_tokens=True), finish, experts))
         return [completions[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     @torch.no_grad()
@@ -85,7 +98,22 @@ class HFEngine(Engine):
         self.version += 1
 
 
-@ENGINES.register("hf", auto_rank=1, copies_policy=True)
+def _routed_columns(recorded: routing.Recording, rows: int, width: int, steps: int) -> torch.Tensor:
+    """[rows, width + steps, MoE layers, K]: the experts each column of `generate`'s sequences was routed to,
+    from its router calls: the left-padded prompts' forward ([rows x width] tokens), then one per new token
+    but the last (which is never run through the model: NOT_ROUTED)."""
+    calls = len(recorded.calls[0]) if recorded.calls else 0
+    if calls != steps:
+        raise UpslopeError(f"engine hf: {calls} forwards recorded for {steps} generated tokens; cannot place the "
+                           f"routed experts")
+    first = recorded.stacked(0)
+    layers, k = first.shape[1:]
+    columns = [first.view(rows, width, layers, k)] + [recorded.stacked(c).view(rows, 1, layers, k) for c in range(1, calls)]
+    last = torch.full((rows, 1, layers, k), routing.NOT_ROUTED, dtype=first.dtype, device=first.device)
+    return torch.cat(columns + [last], 1).to(routing.EXPERT_DTYPE).cpu()
+
+
+@ENGINES.register("hf", auto_rank=1, copies_policy=True, routed_experts=True)
 def build_hf(cfg: EngineConfig, ctx: EngineContext) -> Engine:
     """transformers `generate` on a private copy of the policy: needs nothing more (engine.hf_batch_size)."""
     return HFEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,

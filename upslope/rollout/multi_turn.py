@@ -111,30 +111,29 @@ class AgentRun:
                                f"rollout.max_prompt_tokens={self.max_prompt_tokens}; raise it")
         return list(ids), messages
 
-    def _closing(self) -> str:
-        """What the chat template writes after an assistant message's content, up to the next message
-        (ChatML: "<|im_end|>\n")."""
-        base = self.tokenizer.apply_chat_template(_PLACEHOLDER, tokenize=False)
-        content = _PLACEHOLDER[-1]["content"]
-        return base[base.rindex(content) + len(content):]
-
     def continuation(self, messages: list[Message], stop_id: int | None, prefill: str = "") -> list[int]:
         """Token ids that close the last assistant turn and render `messages` as the chat template does,
         up to the next assistant turn's header. `stop_id`: the end token the model wrote (the template's
-        closing then continues after it); None: the turn was cut, so the whole closing is added. Rendered
-        after a fixed placeholder conversation, so only the new messages are tokenised. `prefill` starts
-        the next assistant turn."""
+        closing then continues after it, or is left out when it does not start with it); None: the turn was
+        cut, so the whole closing is added. Rendered after a fixed placeholder conversation, from the end of
+        the placeholder reply's content, so only the new messages are tokenised and a template that renders
+        the last assistant turn differently from earlier ones (Qwen3's thinking block) still only appends:
+        the model's own turns stay the ids it sampled. `prefill` starts the next assistant turn."""
         tok = self.tokenizer
-        base = tok.apply_chat_template(_PLACEHOLDER, tokenize=False)
+        content = _PLACEHOLDER[-1]["content"]
+        alone = tok.apply_chat_template(_PLACEHOLDER, tokenize=False)
         full = tok.apply_chat_template(_PLACEHOLDER + list(messages), tokenize=False, add_generation_prompt=True)
-        if not full.startswith(base):
-            raise UpslopeError("the chat template renders earlier turns differently once messages follow them; "
-                               "multi_turn rollouts need a template that only appends (set model.chat_template)")
-        closing = self._closing()
-        if stop_id is not None:
-            end = tok.decode([stop_id])
-            closing = closing[len(end):] if end and closing.startswith(end) else ""
-        return tok(closing + full[len(base):] + prefill, add_special_tokens=False)["input_ids"]
+        if content not in full or content not in alone:
+            raise UpslopeError("the chat template does not write an assistant message's content as it is; "
+                               "multi_turn rollouts need one that does (set model.chat_template)")
+        after = tok(full[full.index(content) + len(content):] + prefill, add_special_tokens=False)["input_ids"]
+        if stop_id is None:
+            return after
+        if after and after[0] == stop_id:
+            return after[1:]
+        closing = tok(alone[alone.rindex(content) + len(content):], add_special_tokens=False)["input_ids"]
+        same = next((i for i, (a, b) in enumerate(zip(after, closing)) if a != b), min(len(after), len(closing)))
+        return after[same:]  # the model's own end token stands for the template's closing
 
 
 def with_system_text(messages: list[Message], text: str) -> list[Message]:

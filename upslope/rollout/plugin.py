@@ -20,8 +20,9 @@ def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example]
                     extra: Sequence[dict[str, Any]] | None = None,
                     loss_masks: Sequence[list[int]] | None = None) -> Batch:
     """The engine's completions (one list per prompt) as a Batch; `extra` adds meta per completion (in
-    order) and `loss_masks` marks completion tokens not to train on (e.g. a forced prefix)."""
-    p_ids, c_ids, c_lps, gids, trunc, meta = [], [], [], [], [], []
+    order) and `loss_masks` marks completion tokens not to train on (e.g. a forced prefix). The batch
+    carries the completions' routed experts when every completion has them."""
+    p_ids, c_ids, c_lps, gids, trunc, meta, routed = [], [], [], [], [], [], []
     for g, (prompt, ex, comps) in enumerate(zip(prompt_ids, examples, groups)):
         for c in comps:
             p_ids.append(prompt)
@@ -29,15 +30,17 @@ def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example]
             c_lps.append(c.logprobs)
             gids.append(group_offset + g)
             trunc.append(c.truncated)
+            routed.append(c.routed_experts)
             meta.append({**ex.meta, "answer": ex.answer, "prompt": ex.prompt, "completion": c.text,
                          "example_id": ex.id, "completion_tokens": len(c.token_ids),
                          "max_new_tokens": params.max_new_tokens, "finish_reason": c.finish_reason})
     if extra is not None:
         meta = [{**m, **e} for m, e in zip(meta, extra)]
-    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks)
+    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks,
+                       routed_experts=routed)
 
 
-@ROLLOUTS.register("single_turn")
+@ROLLOUTS.register("single_turn", routed_experts=True)
 def single_turn(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
                 pad_id: int, group_offset: int = 0) -> Batch:
     """n completions per prompt through the engine, as a Batch (one group per prompt)."""

@@ -69,7 +69,7 @@ def step_sampling(cfg: Config, stop_ids: list[int], step: int) -> SamplingParams
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_new_tokens=r.max_new_tokens, seed=step_seed(cfg.train.seed, step) ^ cfg.engine.seed,
-                          stop_token_ids=list(stop_ids))
+                          stop_token_ids=list(stop_ids), routed_experts=cfg.algo.routing_replay)
 
 
 def step_rounds(rounds: Rounds, cfg: Config, step: int) -> Rounds:

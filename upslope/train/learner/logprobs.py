@@ -9,6 +9,11 @@ each chunk under activation checkpointing. Besides the
 log-prob of each token, the head can return log-probs at other given token ids ([N, L, K],
 e.g. a teacher's candidates) and the model's own top-k tokens (distillation).
 
+A MoE model's forward can replay the experts the sampler routed each token to (`routed_experts`, the
+prompt's tokens included: their routing made the prompt's keys and values) and return its routers'
+load-balancing loss (`router_aux`); both act in every path (rows, shared prompt, checkpointed layers,
+the model's own forward), and neither costs anything when not asked for.
+
 The head is read from the model, not assumed: its weight and bias, and the transforms some
 families apply to the logits (Gemma 2/3's final soft-capping, Cohere's logit scale, Granite's
 logit scaling). Before a model's first use the fast head is checked once against the model's own
@@ -26,6 +31,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from upslope import routing
 from upslope.train.learner import packing
 from upslope.train.learner.amp import replay_autocast, save_autocast
 
@@ -40,6 +46,7 @@ class HeadOutput:
     gathered: torch.Tensor | None = None  # [N, L, K] log-probs at the requested ids
     topk_logprobs: torch.Tensor | None = None  # [N, L, K] the model's K most likely tokens: log-probs
     topk_ids: torch.Tensor | None = None  # [N, L, K] ... and their ids
+    router_aux_loss: torch.Tensor | None = None  # 0-d: the MoE routers' load-balancing loss (with gradient)
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,8 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, chunk_rows: int = 1024,
                  temperature: float = 1.0, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
                  top_k: int = 0, top_k_vocab: int | None = None, checkpoint_layers: bool = False,
-                 truncation: Truncation = Truncation(), packed: bool = False) -> HeadOutput:
+                 truncation: Truncation = Truncation(), routed_experts: torch.Tensor | None = None,
+                 router_aux: bool = False, packed: bool = False) -> HeadOutput:
     """Log-prob and entropy of every token where `target_mask` is set (under `temperature` and the
     sampler's `truncation`: the distribution the engine drew from); with `gather_ids`
     [N, L, K] also the log-probs at those ids, with `top_k` the model's own top-k (ids and
@@ -150,21 +158,66 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt).
     `checkpoint_layers` keeps only each decoder layer's input for backward and recomputes
     the layer there (with `shared`: the completion pass; the shared prompts are short). `packed` runs
-    the rows (each group's prompt once with `shared`) as one padding-free sequence (see packing.py)."""
+    the rows (each group's prompt once with `shared`) as one padding-free sequence (see packing.py).
+    A MoE model routes each token through `routed_experts` [N, L, MoE layers, experts per token]
+    where recorded (`upslope.routing`), and with `router_aux` the output holds its routers'
+    load-balancing loss over every token the forward ran (each group's prompt once when shared)."""
+    fast = fast_head_matches(model)  # (its one-time check runs the model: before any router is watched)
+    with _routers_watched(model, router_aux) as logits:
+        if not fast:
+            out = _model_scores(model, input_ids, attention_mask, target_mask, temperature, entropy_grad, gather_ids,
+                                top_k, top_k_vocab, truncation, routed_experts, logits)
+        else:
+            out = _fast_scores(model, input_ids, attention_mask, target_mask, shared, chunk_rows, temperature,
+                               entropy_grad, gather_ids, top_k, top_k_vocab, checkpoint_layers, truncation,
+                               routed_experts, logits, packed)
+    if logits is not None:
+        out.router_aux_loss = logits.load_balancing_loss(*routing.expert_counts(model))
+    return out
+
+
+@contextlib.contextmanager
+def _routers_watched(model: Any, enabled: bool) -> Iterator[routing.RouterLogits | None]:
+    """The model's router logits kept through the block when `enabled` (else None, and nothing is hooked)."""
+    if not enabled:
+        yield None
+        return
+    with routing.router_logits(model) as logits:
+        yield logits
+
+
+@contextlib.contextmanager
+def _body_call(model: Any, experts: torch.Tensor | None, logits: routing.RouterLogits | None,
+               real: torch.Tensor) -> Iterator[None]:
+    """Around one forward of the model over [batch, seq] tokens whose real ones `real` marks: their
+    recorded experts replayed (None: none), and the mask of that call kept beside its router logits."""
+    if logits is not None:
+        logits.masks.append(real.reshape(-1))
+    with routing.replaying(model, experts):
+        yield
+
+
+def _fast_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
+                 shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, chunk_rows: int, temperature: float,
+                 entropy_grad: bool, gather_ids: torch.Tensor | None, top_k: int, top_k_vocab: int | None,
+                 checkpoint_layers: bool, truncation: Truncation, routed_experts: torch.Tensor | None,
+                 logits: routing.RouterLogits | None, packed: bool = False) -> HeadOutput:
+    """`token_scores` through the decoder body and the chunked head."""
     n, length = input_ids.shape
-    if not fast_head_matches(model):
-        return _model_scores(model, input_ids, attention_mask, target_mask, temperature, entropy_grad, gather_ids,
-                             top_k, top_k_vocab, truncation)
+    if packed and (routed_experts is not None or logits is not None):
+        _say_once(model, "train.packing: routing replay and the router loss run padded micro-batches")
+        packed = False
     states = _packed_states(model, input_ids, attention_mask, target_mask, shared, checkpoint_layers) \
         if packed else None
     if states is not None:
         h, targets, flat_index = states
     elif shared is None:
-        with checkpointed_layers(model, checkpoint_layers):
+        with checkpointed_layers(model, checkpoint_layers), _body_call(model, routed_experts, logits, attention_mask):
             h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
     else:
         h, targets, flat_index = _shared_prompt_states(model, input_ids, attention_mask, target_mask, *shared,
-                                                       checkpoint_layers=checkpoint_layers)
+                                                       checkpoint_layers=checkpoint_layers,
+                                                       routed_experts=routed_experts, logits=logits)
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
     outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab,
                          truncation)
@@ -193,6 +246,19 @@ def _packed_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         _log.warning(f"train.packing: {err}; this model runs padded micro-batches")
         _UNPACKABLE[model] = True
         return None
+
+
+_SAID: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _say_once(model: Any, line: str) -> None:
+    """A warning said once per model."""
+    said = _SAID.setdefault(model, set())
+    if line not in said:
+        said.add(line)
+        _log.warning(line)
+
+
 _log = logging.getLogger("upslope")
 
 
@@ -247,11 +313,14 @@ def _head_gap(model: Any) -> float:
 
 def _model_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
                   temperature: float, entropy_grad: bool, gather_ids: torch.Tensor | None, top_k: int,
-                  top_k_vocab: int | None, truncation: Truncation = Truncation()) -> HeadOutput:
+                  top_k_vocab: int | None, truncation: Truncation = Truncation(),
+                  routed_experts: torch.Tensor | None = None,
+                  router_logits: routing.RouterLogits | None = None) -> HeadOutput:
     """`token_scores` through the model's own forward: the full [N, L, vocab] logits, for a head the fast
     path cannot reproduce."""
     n, length = input_ids.shape
-    logits = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).logits
+    with _body_call(model, routed_experts, router_logits, attention_mask):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).logits
     rows, cols = torch.nonzero(target_mask[:, 1:] > 0, as_tuple=True)
     flat_index = rows * length + cols + 1
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
@@ -442,7 +511,8 @@ def checkpointed_layers(model: Any, enabled: bool = True) -> Iterator[None]:
     own = [layer.__dict__.get("forward") for layer in layers]
     for layer in layers:
         def run(*args: Any, _forward: Any = layer.forward, **kwargs: Any) -> Any:
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_forward, *args, use_reentrant=False,
+                              context_fn=routing.same_routing_when_recomputed, **kwargs)
         layer.forward = run
     try:
         yield
@@ -473,9 +543,11 @@ def _prefix_cache(cache: Any) -> Any:
 
 def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           target_mask: torch.Tensor, prompt_lens: torch.Tensor, seq_lens: torch.Tensor,
-                          group_ids: torch.Tensor,
-                          checkpoint_layers: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`_row_states` with each group's prompt forwarded once and its KV cache shared."""
+                          group_ids: torch.Tensor, checkpoint_layers: bool = False,
+                          routed_experts: torch.Tensor | None = None, logits: routing.RouterLogits | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_row_states` with each group's prompt forwarded once and its KV cache shared (a group's prompt
+    replays the routing recorded for its first sample)."""
     from transformers import DynamicCache
 
     n, length = input_ids.shape
@@ -492,8 +564,10 @@ def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: t
     p_pos = (p_att.cumsum(-1) - 1).clamp(min=0)
     body = _body(model)
     cache = DynamicCache()
-    p_hidden = body(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, past_key_values=cache,
-                    use_cache=True).last_hidden_state
+    p_experts = _placed_experts(routed_experts, first_row.unsqueeze(1), src, p_att)
+    with _body_call(model, p_experts, logits, p_att):
+        p_hidden = body(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, past_key_values=cache,
+                        use_cache=True).last_hidden_state
     for layer in cache.layers:  # one cache row per sample
         layer.keys = layer.keys[row_group]
         layer.values = layer.values[row_group]
@@ -506,7 +580,8 @@ def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: t
     c_ids = input_ids.gather(1, c_src) * c_att
     c_pos = plens[row_group].unsqueeze(1) + ccols.unsqueeze(0)
     full_att = torch.cat([p_att[row_group], c_att], 1)
-    with checkpointed_layers(model, checkpoint_layers):
+    c_experts = _placed_experts(routed_experts, torch.arange(n, device=dev).unsqueeze(1), c_src, c_att)
+    with checkpointed_layers(model, checkpoint_layers), _body_call(model, c_experts, logits, c_att):
         c_hidden = body(input_ids=c_ids, attention_mask=full_att, position_ids=c_pos,
                         past_key_values=_prefix_cache(cache), use_cache=True).last_hidden_state
     # the state predicting completion token t: the prompt's last state for t = 0, else completion t-1
@@ -514,3 +589,13 @@ def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: t
     c_target = target_mask.gather(1, c_src) * c_att > 0
     rows, cpos = torch.nonzero(c_target, as_tuple=True)
     return h[c_target], c_ids[c_target], rows * length + prompt_lens[rows] + cpos
+
+
+def _placed_experts(experts: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+                    real: torch.Tensor) -> torch.Tensor | None:
+    """The recorded experts of the tokens at (rows, cols) of the batch ([r, c, MoE layers, k]), NOT_ROUTED
+    where `real` is 0 (padding)."""
+    if experts is None:
+        return None
+    placed = experts[rows, cols.clamp(min=0)]
+    return placed.masked_fill(~real.bool()[..., None, None], routing.NOT_ROUTED)

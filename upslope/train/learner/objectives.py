@@ -37,6 +37,7 @@ class Forward:
     top_k: int = 0  # also the model's K most likely tokens' log-probs
     gather: str | None = None  # a Batch field of token ids [n, L, K] whose log-probs the loss also needs
     truncation: Truncation = Truncation()  # the sampler's top-p / top-k: log-probs of what it drew from
+    router_aux: bool = False  # also the MoE routers' load-balancing loss
 
 
 @dataclass
@@ -180,7 +181,8 @@ class RLObjective(Objective):
         self.terms = list(terms)
         self.loss_agg, self.constant, self.old_policy = loss_agg, constant, old_policy
         self.forward = Forward(temperature=temperature, entropy_grad=any(t.entropy_grad for t in terms),
-                               top_k=max(t.top_k for t in terms), truncation=truncation)
+                               top_k=max(t.top_k for t in terms), truncation=truncation,
+                               router_aux=any(t.router_aux_loss for t in terms))
         self.skips_rows = skip_zero_advantage and all(t.zero_at_zero_advantage for t in terms)
         self.needs_old_logprobs = several or any(t.needs_old_logprobs for t in terms)
         self.needs_reference = any(t.needs_reference for t in terms)
@@ -214,7 +216,8 @@ class RLObjective(Objective):
         assert mb.advantages is not None
         return LossInputs(logprobs=out.logprobs, old_logprobs=self.ratio_base(mb, out.logprobs),
                           sampler_logprobs=mb.sampler_logprobs, advantages=mb.advantages, mask=mb.loss_mask,
-                          entropy=out.entropy, ref_logprobs=mb.ref_logprobs, topk_logprobs=out.topk_logprobs)
+                          entropy=out.entropy, ref_logprobs=mb.ref_logprobs, topk_logprobs=out.topk_logprobs,
+                          router_aux_loss=out.router_aux_loss)
 
     def loss(self, out: ModelOutputs, mb: Batch, norms: Metrics) -> LossOutputs:
         assert isinstance(out, HeadOutput)

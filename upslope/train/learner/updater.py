@@ -183,10 +183,13 @@ class Updater:
 
     def forward(self, model: Any, mb: Batch, *, temperature: float, entropy_grad: bool = False,
                 gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None,
-                truncation: Truncation = Truncation()) -> HeadOutput:
+                truncation: Truncation = Truncation(), router_aux: bool = False) -> HeadOutput:
         """One micro-batch through `model`: per-token log-probs and entropies at `temperature` (and the
-        sampler's `truncation`)."""
+        sampler's `truncation`); with `router_aux` also the MoE routers' load-balancing loss. The policy
+        routes each token through the experts the sampler recorded for it when the batch carries them
+        (algo.routing_replay); a frozen reference or a teacher routes by its own routers."""
         mb = mb.to(self.device)
+        experts = mb.routed_experts if model is self.model else None
         with self.autocast():
             shared = None
             if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
@@ -197,7 +200,7 @@ class Updater:
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
                                 checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation,
-                                packed=self.train_cfg.packing)
+                                routed_experts=experts, router_aux=router_aux, packed=self.train_cfg.packing)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
@@ -237,7 +240,8 @@ class Updater:
         if spec.head == "lm":
             gather = getattr(mb, spec.gather) if spec.gather is not None else None
             return self.forward(self.model, mb, temperature=spec.temperature, entropy_grad=spec.entropy_grad,
-                                gather_ids=gather, top_k=spec.top_k, truncation=spec.truncation)
+                                gather_ids=gather, top_k=spec.top_k, truncation=spec.truncation,
+                                router_aux=spec.router_aux)
         with self.autocast():
             if spec.head == "token_values":
                 return token_values(self.model, mb)
