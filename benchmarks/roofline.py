@@ -17,6 +17,7 @@ Each engine cell runs in a fresh process (vLLM hosts one engine per process); th
 
 Usage:
   python benchmarks/roofline.py                                  # lengths 8,128,512, engines vllm,hf,hf_paged
+  python benchmarks/roofline.py --engines vllm,vllm_ngram        # vLLM with and without n-gram speculation
   python benchmarks/roofline.py --lengths 8 --engines hf --prompts 2 --n 2   # a quick look
 """
 from __future__ import annotations
@@ -99,12 +100,14 @@ def worker_engine(a: argparse.Namespace) -> None:
 
 def _engine(a: argparse.Namespace, tokenizer: Any, max_len: int) -> Any:
     dtype = a.dtype
-    if a.engine == "vllm":
+    if a.engine in ("vllm", "vllm_ngram"):
         from upslope.rollout.vllm import VLLMEngine
 
         kv = a.prompts * a.n * max_len * 2 * 4 * 24 * 576 / 2**30  # generous for a 135M model in fp32
+        spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
         return VLLMEngine(a.model, tokenizer, dtype=dtype, kv_cache_gb=min(max(kv, 0.25), 4.0),
-                          max_num_seqs=a.prompts * a.n, max_model_len=max_len, threads=a.threads)
+                          max_num_seqs=a.prompts * a.n, max_model_len=max_len, threads=a.threads,
+                          speculative=spec if a.engine == "vllm_ngram" else None)
     if a.engine == "hf_paged":
         from upslope.rollout.paged import PagedEngine
 
