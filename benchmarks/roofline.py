@@ -87,7 +87,7 @@ def worker_engine(a: argparse.Namespace) -> None:
     tok = load_tokenizer(a.model)
     prompts = gsm8k_prompts(tok, a.prompts)
     engine = _engine(a, tok, max(len(p) for p in prompts) + a.length)
-    params = SamplingParams(n=a.n, temperature=1.0, max_new_tokens=a.length, seed=0, stop_token_ids=[-1])
+    params = SamplingParams(n=a.n, temperature=1.0, max_new_tokens=a.length, seed=0, ignore_eos=True)
     engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=4, seed=0))  # warm-up
     t = time.perf_counter()
     groups = engine.generate(prompts, params)

@@ -301,3 +301,19 @@ def test_the_learner_scores_the_samplers_truncated_distribution(engine_name, req
             (float(truncated.mean()), float(full.mean()))
     else:
         assert float(truncated.max()) < 1e-4 and float(full.max()) > 1e-2, (float(truncated.max()), float(full.max()))
+
+
+@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", "vllm"])
+def test_ignore_eos_runs_every_reply_to_its_length(engine_name, request, prompts):
+    """With ignore_eos (the throughput benchmarks) every reply has max_new_tokens tokens, stop tokens or not;
+    without it a stop token can end a reply early."""
+    engine = request.getfixturevalue({"hf": "hf_engine", "hf_paged": "paged_engine", "vllm": "vllm_engine"}[engine_name])
+    first = engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=6, seed=0, temperature=0.0))
+    stop = first[0][0].token_ids[1]  # a token the greedy reply produces second: a stop token for it
+    ended = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=6, seed=0, temperature=0.0,
+                                                        stop_token_ids=[stop]))
+    assert len(ended[0][0].token_ids) <= 2
+    groups = engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=24, seed=0, ignore_eos=True,
+                                                         stop_token_ids=[stop]))
+    assert [len(c.token_ids) for g in groups for c in g] == [24] * 4
+    assert all(c.finish_reason == "length" for g in groups for c in g)

@@ -22,6 +22,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     routed_experts: bool = False  # also return the experts a MoE model routed each token to (routing replay)
+    ignore_eos: bool = False  # run every reply to max_new_tokens, stop tokens ignored (throughput benchmarks)
 
 
 @dataclass

@@ -59,7 +59,7 @@ class HFEngine(Engine):
         n_return = params.n
         if greedy and params.n > 1:  # HF refuses num_return_sequences > 1 without sampling: repeat the rows
             ids, attn, n_return = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0), 1
-        stops = params.stop_token_ids or [self.tokenizer.eos_token_id]
+        stops = [-1] if params.ignore_eos else params.stop_token_ids or [self.tokenizer.eos_token_id]
         watch = routing.recording(self.model) if params.routed_experts else contextlib.nullcontext()
         with watch as recorded:
             out = self.model.generate(

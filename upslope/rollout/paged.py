@@ -67,7 +67,7 @@ class PagedEngine(HFEngine):
         fit_threads(self.threads)
         greedy = params.temperature == 0
         inputs = [list(p) for p in prompts for _ in range(params.n)]
-        stops = list(params.stop_token_ids) or [self.tokenizer.eos_token_id]
+        stops = [-1] if params.ignore_eos else list(params.stop_token_ids) or [self.tokenizer.eos_token_id]
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,

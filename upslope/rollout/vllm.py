@@ -146,7 +146,8 @@ class VLLMEngine(Engine):
         sp = VSampling(
             n=params.n // copies, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=params.top_k if (params.top_k and not greedy) else -1, max_tokens=params.max_new_tokens,
-            logprobs=0, stop_token_ids=list(params.stop_token_ids) or None, skip_special_tokens=True,
+            logprobs=0, stop_token_ids=None if params.ignore_eos else list(params.stop_token_ids) or None,
+            skip_special_tokens=True, ignore_eos=params.ignore_eos,
         )
         # A per-request seed crashes the CPU engine; seeding the global RNG (same process) works.
         if params.seed is not None:
