@@ -1,5 +1,7 @@
 """Per-token salience from the policy's internals, for the salience-weighted advantages (FlowTracer,
-ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage.
+ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage; and
+per-rollout feature vectors (`rollout_features`: the mean last-layer hidden state) for the advantages that
+read the geometry of the rollouts (GEOALIGN in upslope.algos.geometry).
 
 Each returns [N, L] >= 0, aligned to tokens (the value at t is about choosing token t) and 0 off
 the trained tokens. The answer region is each row's last `answer_tokens` trained tokens.
@@ -81,6 +83,36 @@ def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor
         lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[rows, cols + 1, None])
         (grad,) = torch.autograd.grad(lp.sum(), emb)
     return (grad * emb).sum(-1).abs().detach()
+
+
+@torch.no_grad()
+def hidden_mean(model: Any, mb: Batch) -> torch.Tensor:
+    """[n, D]: each row's last-layer hidden state averaged over the states that choose its trained tokens
+    (position t - 1 for token t): one forward of the decoder body, no vocabulary head."""
+    h = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    h = h.last_hidden_state.float()[:, :-1]
+    w = (mb.loss_mask[:, 1:] > 0).to(h.dtype).unsqueeze(-1)
+    return (h * w).sum(1) / w.sum(1).clamp(min=1.0)
+
+
+FEATURES: dict[str, Callable[[Any, Batch], torch.Tensor]] = {"hidden_mean": hidden_mean}
+
+
+def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
+    """[N, D] feature vector of each rollout from `source`, in the updater's micro-batches, on the CPU."""
+    fn, rows = FEATURES[source], []
+    updater.model.eval()
+    try:
+        for idx in updater.micro_batches(batch):
+            mb = batch.select(idx).to(updater.device)
+            with updater.autocast():
+                rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
+    finally:
+        updater.model.train()
+    out = torch.zeros(batch.size, rows[0][1].shape[1]) if rows else torch.zeros(batch.size, 0)
+    for idx, feats in rows:
+        out[idx] = feats
+    return out
 
 
 SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
