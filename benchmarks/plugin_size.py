@@ -48,6 +48,8 @@ HOOKS = {
     "grail": ["upslope.train.learner.salience:gradient_saliency"],
     "arca": ["upslope.train.learner.salience:adapter_residual"],
     "geoalign": ["upslope.train.learner.salience:rollout_features"],
+    "bmc": ["upslope.train.learner.salience:prompt_features"],
+    "geomin": ["upslope.train.learner.salience:rollout_features"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],

@@ -183,3 +183,11 @@ METHODS.update({  # the rollouts' hidden-state geometry (advantages with a `feat
     "geoalign": Claim("geoalign", "headroom", "eval/accuracy", "higher",
                       "GEOALIGN: Geometric Rollout Curation for Robust LLM Reinforcement Learning"),
 })
+METHODS.update({  # a sampler over the prompts' latent geometry (a sampler with a `features` source)
+    "bmc": Claim("bmc", "headroom", "eval/accuracy", "higher",
+                 "Manifold Bandits: Bayesian Curriculum Learning over the Latent Geometry of LLMs (BMC)"),
+})
+METHODS.update({  # semi-supervised: the labelled rollouts' feature geometry weighs the self-reward elsewhere
+    "geomin": Claim("geomin", "headroom", "eval/accuracy", "higher",
+                    "GeoMin: Data-Efficient Semi-Supervised RLVR via Geometric Distribution Modeling"),
+})

@@ -84,6 +84,7 @@ class FilterTraits(Traits):
 class SamplerTraits(Traits):
     examples: bool = False  # takes the training examples
     extend: Callable[..., Any] | None = None  # (examples, data, **options) -> prompts it adds to the task's
+    features: str | None = None  # given each training prompt's feature vector [P, D] from this source at set-up
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,7 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
                    "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
+                   "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
                    "upslope.logs.trackers")  # experiment trackers (log.trackers)
 
 

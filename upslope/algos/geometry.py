@@ -8,7 +8,7 @@ from torch import Tensor
 
 from upslope.algos.common import broadcast_to_tokens, group_normalize
 from upslope.batch import Batch
-from upslope.bounds import NonNegative, PositiveCount
+from upslope.bounds import Fraction, NonNegative, Positive, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -76,3 +76,68 @@ def geoalign(batch: Batch, features: Tensor | None = None, *, dim: PositiveCount
     if kept.numel():
         adv[kept] = group_normalize(batch.rewards.to(torch.float64)[kept], batch.group_ids[kept]).to(torch.float64)
     return broadcast_to_tokens(adv, batch.loss_mask).float()
+
+
+def is_labelled(metas: list[dict], share: float, key: str) -> Tensor:
+    """[N] bool: a sample's meta[key] when it has one, else whether its example falls in the labelled `share`
+    (crc32 of its example_id, so every sample of an example, and every step, agrees)."""
+    import zlib
+
+    out = []
+    for i, m in enumerate(metas):
+        if key in m:
+            out.append(bool(m[key]))
+        else:
+            out.append(zlib.crc32(str(m.get("example_id", i)).encode()) % 10_000 < share * 10_000)
+    return torch.tensor(out, dtype=torch.bool)
+
+
+def right_posterior(features: Tensor, right: Tensor, wrong: Tensor, eps: float) -> Tensor | None:
+    """[N]: P(right | feature) under two Gaussians fitted to the `right` and `wrong` rows (class means, one
+    shared diagonal variance pooled within the classes, plus eps), the share of right among them as the
+    prior; None when either class has no row."""
+    f = features.to(torch.float64)
+    pos, neg = f[right], f[wrong]
+    if not len(pos) or not len(neg):
+        return None
+    mu_p, mu_n = pos.mean(0), neg.mean(0)
+    var = (((pos - mu_p) ** 2).sum(0) + ((neg - mu_n) ** 2).sum(0)) / max(len(pos) + len(neg) - 2, 1) + eps
+    logit = (f - (mu_p + mu_n) / 2) @ ((mu_p - mu_n) / var) + torch.log(torch.tensor(len(pos) / len(neg)))
+    return torch.sigmoid(logit)
+
+
+@ADVANTAGES.register("geomin", grouped=True, whole_batch=True, features="hidden_mean")
+def geomin(batch: Batch, features: Tensor | None = None, *, correct: str = "correct", self_reward: str = "self",
+           labelled_share: Fraction = 0.1, labelled_key: str = "labelled", eps: Positive = 1e-3,
+           fallback_weight: Fraction = 0.0) -> Tensor:
+    """GeoMin: GRPO on the verifier where a prompt is labelled; elsewhere on the self-reward, each rollout
+    weighted by how far the right/wrong feature distributions of the labelled rollouts back its self-reward.
+
+    correct: the reward component of the verifier (read on labelled prompts only)
+    self_reward: the reward component of the label-free self-reward (e.g. majority_vote)
+    labelled_share: share of the examples treated as labelled (by example id) when a sample's meta has no labelled_key
+    labelled_key: meta field marking an example as labelled (true) or not
+    eps: added to the pooled per-dimension variance of the feature model
+    fallback_weight: weight of the unlabelled rollouts in a batch whose labelled rollouts are all right or all wrong
+
+    GeoMin (Zhu et al. 2026) models the feature distributions of correct and incorrect rollouts on labelled
+    data as a prior on the reliability of self-rewards on unlabelled data. Here: the batch's labelled
+    rollouts fit two Gaussians (class means, a shared diagonal variance) over the rollouts' mean
+    last-layer hidden states; an unlabelled rollout's weight is P(right | features) when its self-reward
+    says right, P(wrong | features) when it says wrong, times its GRPO advantage on the self-reward. The
+    per-batch fit, the diagonal Gaussians and the multiplicative weight are our choices.
+    """
+    if features is None or features.shape[0] != batch.size:
+        raise ConfigError("advantage 'geomin' needs each rollout's hidden-state features (the RL trainer computes them)")
+    comps = batch.reward_components or {}
+    missing = [k for k in (correct, self_reward) if k not in comps]
+    if missing:
+        raise ConfigError(f"advantage 'geomin': no reward component {missing} (components: {sorted(comps)}); name them "
+                          f"with the options correct and self_reward")
+    lab = is_labelled(batch.meta, labelled_share, labelled_key)
+    y, s = comps[correct].to(torch.float64), comps[self_reward].to(torch.float64)
+    post = right_posterior(features, lab & (y >= 0.5), lab & (y < 0.5), eps)
+    trust = torch.full((batch.size,), fallback_weight, dtype=torch.float64) if post is None \
+        else torch.where(s >= 0.5, post, 1 - post)
+    adv = group_normalize(torch.where(lab, y, s), batch.group_ids).to(torch.float64)
+    return broadcast_to_tokens(adv * torch.where(lab, torch.ones_like(trust), trust), batch.loss_mask).float()

@@ -9,7 +9,7 @@ Costs (extra forward, attention maps, a backward to the inputs) are measured in 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -113,6 +113,27 @@ def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
     for idx, feats in rows:
         out[idx] = feats
     return out
+
+
+@torch.no_grad()
+def prompt_features(updater: Any, prompt_ids: Sequence[list[int]], rows: int = 64) -> torch.Tensor:
+    """[P, D]: each prompt's last-layer hidden state averaged over its tokens, `rows` prompts a forward of the
+    decoder body (right-padded, padding masked out), on the CPU."""
+    model, out = updater.model, []
+    model.eval()
+    try:
+        for s in range(0, len(prompt_ids), rows):
+            chunk = prompt_ids[s:s + rows]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([list(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
+            with updater.autocast():
+                h = _body(model)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state.float()
+            m = mask.unsqueeze(-1).to(h.dtype)
+            out.append(((h * m).sum(1) / m.sum(1)).cpu())
+    finally:
+        model.train()
+    return torch.cat(out) if out else torch.zeros(0, 0)
 
 
 SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
