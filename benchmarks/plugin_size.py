@@ -50,6 +50,7 @@ HOOKS = {
     "geoalign": ["upslope.train.learner.salience:rollout_features"],
     "bmc": ["upslope.train.learner.salience:prompt_features"],
     "geomin": ["upslope.train.learner.salience:rollout_features"],
+    "pivottrace": ["upslope.train.learner.salience:attention_shift"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],

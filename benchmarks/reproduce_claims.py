@@ -176,7 +176,8 @@ METHODS.update({  # judges with a hidden reference, and perplexity dynamics (Tie
                     "Learning User Simulators with Turing Rewards (Turing-RL)"),
 })
 METHODS.update({  # a reward model trained for calibration beside ranking (`upslope rm`)
-    "csrm": Claim("csrm", "rm", "eval/rm_ece", "lower", "Configurable Reward Model for Balanced Safety Alignment (CSRM)",
+    "csrm": Claim("csrm", "rm", "eval/rm_ece", "lower",
+                  "Configurable Reward Model for Balanced Safety Alignment (CSRM)",
                   also=(("eval/rm_accuracy", "higher"),), command="rm"),
 })
 METHODS.update({  # the rollouts' hidden-state geometry (advantages with a `features` source)
@@ -190,4 +191,9 @@ METHODS.update({  # a sampler over the prompts' latent geometry (a sampler with 
 METHODS.update({  # semi-supervised: the labelled rollouts' feature geometry weighs the self-reward elsewhere
     "geomin": Claim("geomin", "headroom", "eval/accuracy", "higher",
                     "GeoMin: Data-Efficient Semi-Supervised RLVR via Geometric Distribution Modeling"),
+})
+METHODS.update({  # routing prompts by the attention pivots of their rollouts (an advantage with a salience source)
+    "pivottrace": Claim("pivottrace", "headroom", "eval/accuracy", "higher",
+                        "Smart Picks in the Dark: Towards Efficient RLVR for Reasoning via Tracing Metacognitive "
+                        "Pivots (PivotTrace)"),
 })

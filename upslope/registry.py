@@ -66,7 +66,8 @@ class RewardTraits(Traits):
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.logprobs and not self.batched:
-            raise TypeError(f"reward '{name}': logprobs=True needs batched=True (it takes lists of token ids and log-probs)")
+            raise TypeError(f"reward '{name}': logprobs=True needs batched=True (it takes lists of token ids and "
+                            f"log-probs)")
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
                    "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
+                   "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts
                    "upslope.logs.trackers")  # experiment trackers (log.trackers)
 
 

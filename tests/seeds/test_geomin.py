@@ -30,8 +30,9 @@ def test_geomin_by_hand():
     +-0.7071 are scaled by those; the labelled group keeps GRPO's +-0.866 on the verifier."""
     f = torch.tensor([[1.0], [3.0], [-1.0], [-3.0], [0.5], [-0.25]])
     b = batch_of([1, 1, 0, 0, 1, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1], [True] * 4 + [False] * 2)
-    post = right_posterior(f, torch.tensor([True, True] + [False] * 4), torch.tensor([False, False, True, True, False, False]),
-                           eps=0.0)
+    right = torch.tensor([True, True, False, False, False, False])
+    wrong = torch.tensor([False, False, True, True, False, False])
+    post = right_posterior(f, right, wrong, eps=0.0)
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     assert post[4:].tolist() == pytest.approx([sig(1.0), sig(-0.5)])
     adv = geomin(b, f, eps=1e-12)[:, 1]

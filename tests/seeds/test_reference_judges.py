@@ -72,5 +72,6 @@ def test_an_example_without_its_reference_fails_with_the_field_named(tiny_model_
     spec = RewardSpec(name="rubric_judge", options={"model": tiny_model_path, "max_new_tokens": 1,
                                                     "rubric_tokens": 1})
     result = score(build_reward_fns([spec]), ["12", "13"], ["12", "12"], [{"prompt": "q"}] * 2, fallback=0.0)
-    assert result.failures == {"rubric_judge": 2} and "no reference in field 'solution'" in result.errors["rubric_judge"]
+    assert result.failures == {"rubric_judge": 2}
+    assert "no reference in field 'solution'" in result.errors["rubric_judge"]
     assert not math.isnan(result.components["rubric_judge"][0])

@@ -91,7 +91,8 @@ def _disco_patterns() -> tuple[str, str]:
 @FAST
 @given(st.lists(st.sampled_from(["= 5", "wait = 5", "= 4 so = 5", "so = 5"]), min_size=2, max_size=6))
 def test_disco_is_zero_for_a_group_of_one_schema_and_in_unit_range(texts):
-    got = disco_diversity(texts, [5] * len(texts), [{"example_id": 0}] * len(texts), verifier_options={"extract": "last"})
+    metas = [{"example_id": 0}] * len(texts)
+    got = disco_diversity(texts, [5] * len(texts), metas, verifier_options={"extract": "last"})
     assert all(0.0 <= g <= 1.0 for g in got)
     if len(set(texts)) == 1:
         assert got == [0.0] * len(texts)
@@ -173,7 +174,7 @@ def test_segmented_scores_each_segment_with_its_own_reward():
 
 
 def test_segmented_rewards_land_on_the_segment_ends_tokens(tokenizer):
-    """'= 6 #### 5' + end: the reasoning ends in the token that completes '####', the answer on the text's last token."""
+    """'= 6 #### 5' + end: the reasoning ends in the token that completes '####', the answer on the last text token."""
     text = "= 6 #### 5"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pieces = [tokenizer.decode([i]) for i in ids]

@@ -122,7 +122,7 @@ def min_norm_weights(grads: Tensor, iters: int = 50) -> Tensor:
 @REWARD_COMBINERS.register("more", whole_batch=True)
 def more(components: dict[str, Tensor], group_ids: Tensor, *, constraints: dict[str, float] | None = None,
          weights: dict[str, float] | None = None, violation: float = -1.0) -> Tensor:
-    """MORE: constraint components gate the reward; the objective components are summed with weights from their gradients.
+    """MORE: constraint components gate the reward; the objectives are summed with weights from their gradients.
 
     constraints: component name -> threshold: a sample meets it when the component is >= the threshold
     weights: static weight per component (multiplies the adaptive weight of an objective; a constraint's is unused)

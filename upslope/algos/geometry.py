@@ -64,7 +64,8 @@ def geoalign(batch: Batch, features: Tensor | None = None, *, dim: PositiveCount
     choices. Groups without a reward difference have no displacement and are GRPO's.
     """
     if features is None or features.shape[0] != batch.size:
-        raise ConfigError("advantage 'geoalign' needs each rollout's hidden-state features (the RL trainer computes them)")
+        raise ConfigError("advantage 'geoalign' needs each rollout's hidden-state features (the RL trainer "
+                          "computes them)")
     if batch.rewards is None:
         raise ConfigError("advantage 'geoalign' needs batch.rewards (score the batch first)")
     moves, has = displacements(features, batch.rewards, batch.group_ids)
@@ -128,7 +129,8 @@ def geomin(batch: Batch, features: Tensor | None = None, *, correct: str = "corr
     per-batch fit, the diagonal Gaussians and the multiplicative weight are our choices.
     """
     if features is None or features.shape[0] != batch.size:
-        raise ConfigError("advantage 'geomin' needs each rollout's hidden-state features (the RL trainer computes them)")
+        raise ConfigError("advantage 'geomin' needs each rollout's hidden-state features (the RL trainer "
+                          "computes them)")
     comps = batch.reward_components or {}
     missing = [k for k in (correct, self_reward) if k not in comps]
     if missing:

@@ -8,11 +8,12 @@ from typing import Any, Literal
 from upslope.registry import REWARDS
 from upslope.rewards.extract import extract_integer
 
+Extraction = Literal["first", "first_result", "last", "after_equals", "boxed", "after_hashes"]
+
 
 @REWARDS.register("majority_vote", batched=True)
 def majority_vote(completions: list[str], answers: list[Any], metas: list[dict], *,
-                  extract: Literal["first", "first_result", "last", "after_equals", "boxed", "after_hashes"] = "first_result"
-                  ) -> list[float]:
+                  extract: Extraction = "first_result") -> list[float]:
     """1 when a reply's integer is the most common integer among the replies to its prompt, else 0.
 
     extract: where each reply's integer is read (as the integer reward's option)

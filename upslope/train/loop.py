@@ -192,7 +192,8 @@ class BaseTrainer:
 
         t0 = time.perf_counter()
         self.sampler.set_features(prompt_features(self.updater, self.prompt_ids))
-        self.report.note(f"sampler features: {len(self.prompt_ids)} training prompts in {time.perf_counter() - t0:.1f} s")
+        seconds = time.perf_counter() - t0
+        self.report.note(f"sampler features: {len(self.prompt_ids)} training prompts in {seconds:.1f} s")
 
     @property
     def merge_repeats(self) -> bool:

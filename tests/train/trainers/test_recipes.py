@@ -37,7 +37,8 @@ SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer
                         "paec", "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # token credit
 SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # tree rollouts and decomposition
 SEED_METHOD_RECIPES |= {"c3rl", "disco", "more", "sear", "confidence_multi", "think_answer", "opera", "gsm8k",
-                        "exprl", "turing", "geoalign", "bmc", "geomin"}  # rewards and sampling, part 3
+                        "exprl", "turing", "geoalign", "bmc", "geomin",
+                        "pivottrace"}  # rewards and sampling, part 3
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]

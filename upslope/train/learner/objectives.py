@@ -369,7 +369,8 @@ class BradleyTerryObjective(Objective):
         loss = bradley_terry_loss(rc - rr - self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
         if self.calibration_coef:
             labels = mb.rewards.to(out.device)
-            loss = loss + self.calibration_coef * score_calibration_loss(out, labels).sum() / max(norms["num_seqs"], 1.0)
+            calibration = score_calibration_loss(out, labels).sum() / max(norms["num_seqs"], 1.0)
+            loss = loss + self.calibration_coef * calibration
         return LossOutputs(loss, {})
 
     def finish(self, batch: Batch) -> Metrics:

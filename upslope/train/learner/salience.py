@@ -44,9 +44,8 @@ def _shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(per_position[:, :1]), per_position[:, :-1]], dim=1)
 
 
-@torch.no_grad()
-def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
-    """FlowTracer's throughput: flow into the answer over the attention DAG (mean over layers and heads)."""
+def mean_attention(model: Any, mb: Batch) -> torch.Tensor:
+    """[N, L, L]: the attention maps of one eager-attention forward, averaged over layers and heads."""
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # sdpa and flash kernels return no attention maps
     try:
@@ -54,8 +53,33 @@ def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
                            use_cache=False)
     finally:
         model.set_attn_implementation(impl)
-    attn = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)  # [N, L, L]
-    return flow_to_answer(attn, answer_region(mb.loss_mask, answer_tokens))
+    return torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
+
+
+@torch.no_grad()
+def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """FlowTracer's throughput: flow into the answer over the attention DAG (mean over layers and heads)."""
+    return flow_to_answer(mean_attention(model, mb), answer_region(mb.loss_mask, answer_tokens))
+
+
+def attention_shift_of(attn: torch.Tensor) -> torch.Tensor:
+    """[N, L]: at t >= 1 the total variation distance between the attention rows of t and t - 1 over the
+    positions both see (0 .. t - 1), each renormalised there; 0 at t = 0. A spike marks a pivot: the model
+    turning its attention elsewhere."""
+    n, length = attn.shape[0], attn.shape[1]
+    cols, rows = torch.arange(length, device=attn.device), torch.arange(1, length, device=attn.device)
+    seen = cols[None, :] < rows[:, None]  # [L - 1, L]: row t sees the columns before it
+    cur, prev = attn[:, 1:] * seen, attn[:, :-1] * seen
+    cur = cur / cur.sum(-1, keepdim=True).clamp(min=1e-12)
+    prev = prev / prev.sum(-1, keepdim=True).clamp(min=1e-12)
+    return torch.cat([torch.zeros(n, 1, dtype=attn.dtype, device=attn.device), 0.5 * (cur - prev).abs().sum(-1)],
+                     dim=1)
+
+
+@torch.no_grad()
+def attention_shift(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """PivotTrace's attention dynamics: each token's shift of attention from the token before it."""
+    return attention_shift_of(mean_attention(model, mb))
 
 
 @torch.no_grad()
@@ -137,7 +161,8 @@ def prompt_features(updater: Any, prompt_ids: Sequence[list[int]], rows: int = 6
 
 
 SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
-    "attention_flow": attention_flow, "adapter_residual": adapter_residual, "gradient": gradient_saliency}
+    "attention_flow": attention_flow, "adapter_residual": adapter_residual, "gradient": gradient_saliency,
+    "attention_shift": attention_shift}
 
 
 def token_salience(updater: Any, batch: Batch, source: str, answer_tokens: int) -> torch.Tensor:
