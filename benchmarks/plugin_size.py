@@ -47,9 +47,15 @@ HOOKS = {
     "flowtracer": ["upslope.train.learner.salience:attention_flow"],
     "grail": ["upslope.train.learner.salience:gradient_saliency"],
     "arca": ["upslope.train.learner.salience:adapter_residual"],
+    "geoalign": ["upslope.train.learner.salience:rollout_features"],
+    "bmc": ["upslope.train.learner.salience:prompt_features"],
+    "geomin": ["upslope.train.learner.salience:rollout_features"],
+    "pivottrace": ["upslope.train.learner.salience:attention_shift"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
+    "csrm": ["upslope.algos.preference:score_calibration_loss", "upslope.train.learner.objectives:BradleyTerryObjective",
+             "upslope.train.trainers.rm:score_calibration"],
 }
 # infrastructure a recipe names that no seed method wrote: the task's verifier and the multi-turn agent loop
 REUSED = {("reward", "integer"), ("reward", "env"), ("rollout", "multi_turn")}

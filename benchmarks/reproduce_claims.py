@@ -156,3 +156,44 @@ METHODS.update({  # token credit and weighting: each against GRPO on the headroo
     "arca": Claim("arca", "headroom_lora", "eval/accuracy", "higher",
                   "ARCA: Adapter-Residual Credit Assignment When Token Signals Degenerate"),
 })
+METHODS.update({  # rewards and sampling (Tier 2, part 3)
+    "c3rl": Claim("c3rl", "confidence", "eval/ece", "lower",
+                  "Scaling with Confidence: Calibrating Confidence of LLMs for Adaptive Test Time Scaling (C3RL)",
+                  also=(("eval/brier", "lower"), ("eval/accuracy", "higher"))),
+    "disco": Claim("disco", "confidence", "eval/accuracy", "higher",
+                   "Diverse Thinking Schemata Elicit Better Reasoning in Large Language Models (DiScO)"),
+    "more": Claim("more", "confidence_multi", "eval/accuracy", "higher",
+                  "One Model, Multiple Goals: Adaptive Multi-Objective Learning for E-commerce Dialogue Systems (MORE)",
+                  also=(("eval/ece", "lower"),)),
+    "sear": Claim("sear", "think_answer", "eval/accuracy", "higher",
+                  "Addressing Over-Refusal in LLMs with Competing Rewards (SEAR)"),
+})
+METHODS.update({  # judges with a hidden reference, and perplexity dynamics (Tier 2, part 3)
+    "opera": Claim("opera", "think_answer", "eval/accuracy", "higher",
+                   "OPERA: Aligning Open-Ended Reasoning via Objective Perplexity-based Reinforcement Learning"),
+    "exprl": Claim("exprl", "gsm8k", "eval/accuracy", "higher", "ExpRL: Exploratory RL for LLM Mid-Training"),
+    "turing": Claim("turing", "gsm8k", "eval/accuracy", "higher",
+                    "Learning User Simulators with Turing Rewards (Turing-RL)"),
+})
+METHODS.update({  # a reward model trained for calibration beside ranking (`upslope rm`)
+    "csrm": Claim("csrm", "rm", "eval/rm_ece", "lower",
+                  "Configurable Reward Model for Balanced Safety Alignment (CSRM)",
+                  also=(("eval/rm_accuracy", "higher"),), command="rm"),
+})
+METHODS.update({  # the rollouts' hidden-state geometry (advantages with a `features` source)
+    "geoalign": Claim("geoalign", "headroom", "eval/accuracy", "higher",
+                      "GEOALIGN: Geometric Rollout Curation for Robust LLM Reinforcement Learning"),
+})
+METHODS.update({  # a sampler over the prompts' latent geometry (a sampler with a `features` source)
+    "bmc": Claim("bmc", "headroom", "eval/accuracy", "higher",
+                 "Manifold Bandits: Bayesian Curriculum Learning over the Latent Geometry of LLMs (BMC)"),
+})
+METHODS.update({  # semi-supervised: the labelled rollouts' feature geometry weighs the self-reward elsewhere
+    "geomin": Claim("geomin", "headroom", "eval/accuracy", "higher",
+                    "GeoMin: Data-Efficient Semi-Supervised RLVR via Geometric Distribution Modeling"),
+})
+METHODS.update({  # routing prompts by the attention pivots of their rollouts (an advantage with a salience source)
+    "pivottrace": Claim("pivottrace", "headroom", "eval/accuracy", "higher",
+                        "Smart Picks in the Dark: Towards Efficient RLVR for Reasoning via Tracing Metacognitive "
+                        "Pivots (PivotTrace)"),
+})

@@ -139,6 +139,9 @@ UNBOUNDED = {
     "advantage:codapo.threshold", "advantage:consteer.threshold", "advantage:ispo.threshold",
     "sampler:boundary.threshold", "sampler:boundary_aware.threshold", "sampler:cero.threshold",
     "sampler:td_grokking.threshold", "replay:rerule.hard_below",  # compared with rewards, whatever their scale
+    "sampler:bmc.threshold",
+    "reward:segmented.empty_reward", "reward_combiner:more.violation",  # rewards: a penalty is negative
+    "reward:opera.scale",  # its sign too: a negative scale rewards rising uncertainty
     "advantage:tree.min_informativeness",  # below the lowest informativeness: no tree filtered
     "reward:brier_confidence.correct_bonus", "reward:selective.abstain_reward",  # checked against each other
     "rollout:espo.fail_reward", "environment:answer.tool_bonus",  # rewards: a penalty is negative

@@ -79,6 +79,9 @@ class RMConfig(PairFileConfig):
                                                   "prompt; a rewarded vs an unrewarded completion) or from rm.path")
     model: str | None = opt(None, "model the reward model starts from (default: model.name; same tokenizer)")
     margin: float = opt(0.0, "Bradley-Terry margin: loss = -log sigmoid(r_chosen - r_rejected - margin)")
+    calibration_coef: float = opt(0.0, "weight of a calibration term: binary cross-entropy of sigmoid(score) against "
+                                       "each reply's label (chosen 1, rejected 0; on_policy: its reward in [0, 1])",
+                                  ge=0)
     pairs_per_step: int = opt(16, "pairs per optimiser step (on_policy: up to 1 + rollout.max_resample_rounds "
                                   "rollout rounds of rollout.prompts_per_step prompts)", ge=1)
     eval_pairs: int = opt(64, "held-out pairs for pairwise accuracy (dataset: the file's last N, unless "

@@ -40,6 +40,7 @@ class AdvantageTraits(Traits):
     token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
     whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
     salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
+    features: str | None = None  # takes each rollout's feature vector [N, D] from this source (hidden_mean)
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:
@@ -61,6 +62,12 @@ class RewardTraits(Traits):
     whole_batch: bool = False  # uses statistics of the whole round: rounds cannot arrive in pieces
     answer: Callable[..., Any] | None = None  # (answer, options) -> raises ValueError for an answer it cannot use
     places_tokens: Callable[..., Any] | None = None  # (options) -> does it put rewards on tokens?
+    logprobs: bool = False  # takes each completion's token ids and the sampler's log-probs (token_ids=, logprobs=)
+
+    def check(self, name: str, fn: Callable[..., Any]) -> None:
+        if self.logprobs and not self.batched:
+            raise TypeError(f"reward '{name}': logprobs=True needs batched=True (it takes lists of token ids and "
+                            f"log-probs)")
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class FilterTraits(Traits):
 class SamplerTraits(Traits):
     examples: bool = False  # takes the training examples
     extend: Callable[..., Any] | None = None  # (examples, data, **options) -> prompts it adds to the task's
+    features: str | None = None  # given each training prompt's feature vector [P, D] from this source at set-up
 
 
 @dataclass(frozen=True)
@@ -279,6 +287,9 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.credit_critic", "upslope.algos.credit_salience",
                    "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
                    "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
+                   "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
+                   "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
+                   "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts
                    "upslope.logs.trackers")  # experiment trackers (log.trackers)
 
 

@@ -44,7 +44,8 @@ def test_policy_judge_replies_are_the_engines_greedy_ones(engine, tokenizer):
     fn, judge = policy_judge(context, prefill=PREFILL)
     assert fn(["4", "6", "4"], [4, 6, 4], [METAS[0], METAS[1], METAS[0]]) == [0.7, 0.7, 0.7]
     assert judge.calls == 1 and judge.generated == 2  # one generate call; the third query is the first's
-    (version, _), _ = next(iter(judge.cache))
+    (version, _, limit), _ = next(iter(judge.cache))  # (weights, prefill, reply limit: None, the judge's own)
+    assert limit is None
     assert version == (id(engine), engine.version)
     assert list(judge.cache.values()) == greedy(engine, tokenizer, [q for _, q in judge.cache])
     assert fn(["6"], [6], [METAS[1]]) == [0.7] and judge.calls == 1  # from the cache
@@ -61,7 +62,7 @@ def test_policy_judge_judges_with_the_engines_current_weights(engine, tokenizer,
         assert fn(["6"], [6], [METAS[1]]) == [0.7]
         assert judge.calls == 2 and judge.generated == 2  # new weights: the same query judged again, by them
         [(new_key, after)] = judge.cache.items()  # the old weights' replies are dropped
-        assert new_key == (((id(engine), engine.version), PREFILL), key[1])
+        assert new_key == (((id(engine), engine.version), PREFILL, None), key[1])
         assert [after] == greedy(engine, tokenizer, [key[1]]) and after != before
 
 

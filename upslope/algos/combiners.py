@@ -95,3 +95,77 @@ def saw(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, 
     if group_normalize:
         return group_normalized_sum(components, group_ids, weights=w)
     return weighted_sum(components, group_ids, weights=w)
+
+
+def min_norm_weights(grads: Tensor, iters: int = 50) -> Tensor:
+    """Convex weights w (w >= 0, sum 1) minimising |sum_k w_k g_k|, for gradients `grads` [K, N]: the
+    multiple-gradient descent algorithm's common direction, by Frank-Wolfe on the Gram matrix (exact
+    line search each step). Two gradients have the closed form w_1 = clip((g2 - g1).g2 / |g1 - g2|^2, 0, 1)."""
+    k = grads.shape[0]
+    gram = grads @ grads.T
+    w = torch.full((k,), 1.0 / k, dtype=grads.dtype)
+    for _ in range(iters):
+        t = int(torch.argmin(gram @ w))  # the vertex most opposed to the current direction
+        d = torch.zeros_like(w)
+        d[t] = 1.0
+        d -= w
+        curv = d @ gram @ d
+        if curv <= 1e-12:
+            break
+        step = float((-(w @ gram @ d) / curv).clamp(0.0, 1.0))
+        if step <= 1e-9:
+            break
+        w = w + step * d
+    return w
+
+
+@REWARD_COMBINERS.register("more", whole_batch=True)
+def more(components: dict[str, Tensor], group_ids: Tensor, *, constraints: dict[str, float] | None = None,
+         weights: dict[str, float] | None = None, violation: float = -1.0) -> Tensor:
+    """MORE: constraint components gate the reward; the objectives are summed with weights from their gradients.
+
+    constraints: component name -> threshold: a sample meets it when the component is >= the threshold
+    weights: static weight per component (multiplies the adaptive weight of an objective; a constraint's is unused)
+    violation: the reward of a sample that misses any constraint (below every objective sum it should be)
+
+    A sample that meets every constraint gets sum_k w_k r_k over the objectives (the components
+    not named in `constraints`); one that misses any gets `violation`. The objectives' weights come
+    from gradient feedback: under GRPO an objective pushes the policy along sum_i z_ik grad log p(y_i),
+    z_k its group-normalised values over the feasible samples, so (taking the samples' score
+    functions as orthonormal) z_k is its gradient in sample space, and the weights are the
+    min-norm convex combination of those gradients (MGDA), the direction that improves every
+    objective at once instead of oscillating between them. An objective without variance among the
+    feasible samples has no gradient and weight 0 (all weights equal when none varies). The abstract
+    (Li et al. 2026) names constraints and gradient-feedback reweighting without their form: the
+    gate, the sample-space gradients and MGDA are our choices. Weights are recomputed every round.
+    """
+    w_static = _weights(components, weights)
+    constraints = dict(constraints or {})
+    unknown = sorted(set(constraints) - set(components))
+    if unknown:
+        raise ConfigError(f"reward combiner 'more': constraints name unknown components {unknown}; "
+                          f"known: {sorted(components)}")
+    objectives = [k for k in components if k not in constraints]
+    if not objectives:
+        raise ConfigError("reward combiner 'more': every component is a constraint; leave at least one objective")
+    n = len(next(iter(components.values())))
+    feasible = torch.ones(n, dtype=torch.bool)
+    for k, threshold in constraints.items():
+        feasible &= components[k].to(torch.float64) >= threshold
+    w = more_weights({k: components[k] for k in objectives}, group_ids, feasible)
+    total = sum(w[k] * w_static[k] * components[k].to(torch.float64) for k in objectives)
+    return torch.where(feasible, total, torch.full_like(total, violation)).to(torch.float32)
+
+
+def more_weights(objectives: dict[str, Tensor], group_ids: Tensor, feasible: Tensor) -> dict[str, float]:
+    """MORE's adaptive weight per objective: MGDA over the group-normalised values of the feasible samples."""
+    names = list(objectives)
+    sel = torch.nonzero(feasible).flatten()
+    grads = torch.stack([group_normalize(objectives[k].to(torch.float64)[sel], group_ids[sel]) for k in names]) \
+        if sel.numel() else torch.zeros(len(names), 0, dtype=torch.float64)
+    live = grads.abs().sum(dim=1) > 0
+    if not bool(live.any()):
+        return {k: 1.0 / len(names) for k in names}
+    w = torch.zeros(len(names), dtype=torch.float64)
+    w[live] = min_norm_weights(grads[live])
+    return {k: float(w[i]) for i, k in enumerate(names)}

@@ -54,6 +54,13 @@ def bradley_terry_loss(h: Tensor, label_smoothing: float = 0.0) -> Tensor:
     return loss if not label_smoothing else (1 - label_smoothing) * loss - label_smoothing * F.logsigmoid(-h)
 
 
+def score_calibration_loss(scores: Tensor, labels: Tensor) -> Tensor:
+    """Per row: the binary cross-entropy of sigmoid(score) against the row's label in [0, 1], so a reward
+    model's sigmoid(score) reads as the probability that the reply is acceptable (CSRM's calibration term
+    beside the Bradley-Terry ranking loss)."""
+    return F.binary_cross_entropy_with_logits(scores.float(), labels.float().clamp(0.0, 1.0), reduction="none")
+
+
 def _need(reference: PairLogps | None, name: str) -> PairLogps:
     if reference is None:
         raise ConfigError(f"preference loss '{name}' needs reference log-probs")

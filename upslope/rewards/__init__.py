@@ -23,7 +23,8 @@ from upslope.rewards.user import load_user_function
 
 for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
              "upslope.rewards.judge", "upslope.rewards.process", "upslope.rewards.calibration",
-             "upslope.rewards.arena"):
+             "upslope.rewards.arena", "upslope.rewards.diversity", "upslope.rewards.segments",
+             "upslope.rewards.reference_judge", "upslope.rewards.perplexity", "upslope.rewards.self_reward"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout
@@ -47,6 +48,7 @@ class RewardFn:
     answer_check: Callable[[Any], Any] | None = None  # raises ValueError for a reference answer it cannot use
     check: Callable[[Sequence[Any]], None] | None = None  # checks a user function's convention against the examples
     token_ids: bool = False  # called with the completions' token ids too (`token_ids=`; TRL's completion_ids)
+    logprobs: bool = False  # called with the token ids and the sampler's log-probs (`token_ids=`, `logprobs=`)
     note: str = ""  # how a user function is called, said once at setup
 
 
@@ -103,7 +105,8 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
                 fn([], [], [])
             except ConfigError as exc:
                 raise ConfigError(f"reward[{i}] ({spec.name}): {exc}") from None
-        fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec), answer_check(spec)))
+        fns.append(RewardFn(label, spec.weight, fn, batched, places_tokens(spec), answer_check(spec),
+                            logprobs=bool(entry.traits.logprobs)))
     return fns
 
 
@@ -174,11 +177,13 @@ def places_tokens(spec: RewardSpec) -> bool:
 
 def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: Sequence[Any],
           metas: Sequence[dict[str, Any]], fallback: float = 0.0,
-          token_ids: Sequence[list[int]] | None = None) -> RewardResult:
+          token_ids: Sequence[list[int]] | None = None,
+          logprobs: Sequence[list[float]] | None = None) -> RewardResult:
     """Run every reward on every completion. A reward that raises or returns NaN or inf gives
     the sample `fallback` and is counted; the run goes on. A reward's "does not apply" (TRL's None)
     adds 0 and is counted apart. A SetupError (the machine cannot compute the reward at all) stops
-    it. `token_ids`: each completion's tokens, for the rewards that take them."""
+    it. `token_ids`: each completion's tokens, `logprobs` the sampler's log-prob of each, for the rewards
+    that take them."""
     n = len(completions)
     comps: dict[str, list[float]] = {}
     weights: dict[str, float] = {}
@@ -209,7 +214,9 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
     for rf in reward_fns:
         if rf.batched:
             try:
-                extra = {"token_ids": token_ids} if rf.token_ids else {}
+                extra: dict[str, Any] = {"token_ids": token_ids} if rf.token_ids else {}
+                if rf.logprobs:
+                    extra.update(token_ids=token_ids, logprobs=logprobs)
                 values = list(rf.fn(list(completions), list(answers), list(metas), **extra))
             except SetupError:
                 raise

@@ -105,3 +105,58 @@ def selective(completion: str, answer: Any, meta: dict, *, verifier_name: str = 
         return abstain_reward
     right = verifier(verifier_name, verifier_options, "selective")(completion, answer, meta) > 0
     return 1.0 if right else -risk_penalty
+
+
+def reference_accuracies(correct: list[float], metas: list[dict], dataset_key: str, accuracy_key: str) -> list[float]:
+    """Each sample's reference accuracy: its example's `accuracy_key` field when it has one (e.g. a
+    reference model's measured accuracy on it), else the round's accuracy over the samples whose
+    `dataset_key` field is the same (the samples without the field are one dataset)."""
+    totals: dict[Any, list[float]] = {}
+    for y, m in zip(correct, metas):
+        totals.setdefault(m.get(dataset_key), []).append(y)
+    out = []
+    for y, m in zip(correct, metas):
+        given = m.get(accuracy_key) if accuracy_key else None
+        if given is not None:
+            out.append(float(given))
+        else:
+            ys = totals[m.get(dataset_key)]
+            out.append(sum(ys) / len(ys))
+    return out
+
+
+@REWARDS.register("c3rl", batched=True, whole_batch=True, answer=verifier_answer)
+def c3rl(completions: list[str], answers: list[Any], metas: list[dict], *, verifier_name: str = "integer",
+         verifier_options: dict[str, Any] | None = None, correct_coef: NonNegative = 1.0,
+         calibration_coef: NonNegative = 1.0, reference_coef: NonNegative = 0.5, pattern: Regex = _CONFIDENCE,
+         dataset_key: str = "dataset", accuracy_key: str = "reference_accuracy") -> list[dict[str, float]]:
+    """C3RL: correctness, calibration and a pull of the stated confidence toward the dataset's reference accuracy.
+
+    verifier_name: registered reward deciding correctness y (0/1) on the completion minus its confidence statement
+    verifier_options: options of that reward (e.g. {extract: first_result})
+    correct_coef: weight of the correctness term y (>= 1 with calibration_coef 1: answering wrong on purpose never pays)
+    calibration_coef: weight of the Brier term -(y - c)^2
+    reference_coef: weight of the reference term -(c - a)^2, a the reference accuracy
+    pattern: regular expression of the confidence statement; group 1 the number, group 2 an optional '%'
+    dataset_key: meta field naming a sample's dataset: a is the round's accuracy over that dataset's samples
+    accuracy_key: meta field with an example's own reference accuracy in [0, 1], used instead when present
+
+    Three components per sample (`correct`, `calibration`, `reference`), summed by the combiner:
+    correct_coef * y, -calibration_coef * (y - c)^2 and -reference_coef * (c - a)^2. The abstract
+    names a "dataset-informed reference accuracy" reward without its form; here it is the squared
+    distance of the stated confidence to the accuracy expected on the sample's dataset: an example's
+    own `reference_accuracy` when the data carries one, else the policy's accuracy this round over
+    the samples of the same dataset (so the term anchors a confidence to how often such problems are
+    solved, beside the per-sample Brier term that a single outcome makes noisy). A reply that states
+    no confidence is scored at its worst one (c = 1 - y), as `brier_confidence` does.
+    """
+    check = verifier(verifier_name, verifier_options, "c3rl")
+    confidences, correct = [], []
+    for text, answer, meta in zip(completions, answers, metas):
+        c, rest = stated_confidence(text, pattern)
+        y = float(check(rest, answer, meta) > 0)
+        correct.append(y)
+        confidences.append(1.0 - y if c is None else c)
+    refs = reference_accuracies(correct, metas, dataset_key, accuracy_key)
+    return [{"correct": correct_coef * y, "calibration": -calibration_coef * (y - c) ** 2,
+             "reference": -reference_coef * (c - a) ** 2} for y, c, a in zip(correct, confidences, refs)]

@@ -86,22 +86,26 @@ class Judge:
         """What the replies depend on besides the query (None: fixed weights)."""
         return None
 
-    def answer(self, queries: Sequence[str], prefill: str) -> list[str | None]:
-        """The model's reply to each query (None: no reply), starting with `prefill`."""
+    def answer(self, queries: Sequence[str], prefill: str, max_new_tokens: int | None = None) -> list[str | None]:
+        """The model's reply to each query (None: no reply), starting with `prefill`, of at most
+        `max_new_tokens` tokens (None: the judge's own limit)."""
         raise NotImplementedError
 
-    def replies(self, queries: Sequence[str], prefill: str, cache_size: int) -> list[str | None]:
+    def replies(self, queries: Sequence[str], prefill: str, cache_size: int,
+                max_new_tokens: int | None = None) -> list[str | None]:
         """The reply to each query, in order: generated once for the distinct new ones, else from
-        the cache (emptied when the weights change: older replies are never asked for again)."""
+        the cache (emptied when the weights change: older replies are never asked for again).
+        `max_new_tokens` bounds these replies (None: the judge's own limit; a rubric needs more
+        tokens than a grade)."""
         weights = self.weights()
         if weights != self.cached_for:
             self.cache.clear()
             self.cached_for = weights
-        tag = (weights, prefill)
+        tag = (weights, prefill, max_new_tokens)
         known = {q: self.cache[(tag, q)] for q in queries if (tag, q) in self.cache}
         todo = list(dict.fromkeys(q for q in queries if q not in known))
         if todo:
-            known.update(zip(todo, self.answer(todo, prefill)))
+            known.update(zip(todo, self.answer(todo, prefill, max_new_tokens)))
             self.generated += len(todo)
             for q in todo:
                 self.cache[(tag, q)] = known[q]
@@ -125,7 +129,7 @@ class LocalJudge(Judge):
         self.model = load_model(path).to(self.device).eval()
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
 
-    def answer(self, queries: Sequence[str], prefill: str) -> list[str | None]:
+    def answer(self, queries: Sequence[str], prefill: str, max_new_tokens: int | None = None) -> list[str | None]:
         import torch
 
         tok, out = self.tokenizer, []
@@ -137,7 +141,8 @@ class LocalJudge(Judge):
             ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], device=self.device)
             mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=self.device)
             with torch.no_grad():
-                gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                gen = self.model.generate(input_ids=ids, attention_mask=mask,
+                                          max_new_tokens=max_new_tokens or self.max_new_tokens,
                                           do_sample=False, pad_token_id=pad)
             out += [prefill + tok.decode(g[width:], skip_special_tokens=True) for g in gen]
         return out
@@ -161,16 +166,17 @@ class PolicyJudge(Judge):
         engine = self.context.policy_engine()  # type: ignore[misc]
         return id(engine), engine.version
 
-    def answer(self, queries: Sequence[str], prefill: str) -> list[str | None]:
+    def answer(self, queries: Sequence[str], prefill: str, max_new_tokens: int | None = None) -> list[str | None]:
         from upslope.rollout.base import SamplingParams
 
+        limit = max_new_tokens or self.max_new_tokens
         engine, tok = self.context.policy_engine(), self.context.policy_tokenizer  # type: ignore[misc]
         ids = [tok(render_query(tok, q, prefill), add_special_tokens=False)["input_ids"] for q in queries]
         room = engine.max_model_len
-        fits = [i for i, x in enumerate(ids) if room is None or len(x) + self.max_new_tokens <= room]
+        fits = [i for i, x in enumerate(ids) if room is None or len(x) + limit <= room]
         out: list[str | None] = [None] * len(queries)
         if fits:
-            params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens,
+            params = SamplingParams(n=1, temperature=0.0, max_new_tokens=limit,
                                     stop_token_ids=list(self.context.policy_stop_ids))
             for i, [reply] in zip(fits, engine.generate([ids[i] for i in fits], params)):
                 out[i] = prefill + reply.text
@@ -187,13 +193,13 @@ class EndpointJudge(Judge):
         self.model, self.max_new_tokens, self.timeout_s = model, max_new_tokens, timeout_s
         self.key = os.environ.get(api_key_env, "")
 
-    def answer(self, queries: Sequence[str], prefill: str) -> list[str | None]:
+    def answer(self, queries: Sequence[str], prefill: str, max_new_tokens: int | None = None) -> list[str | None]:
         import urllib.request
 
         out: list[str | None] = []
         for q in queries:
             body = {"model": self.model, "messages": [{"role": "user", "content": q}], "temperature": 0,
-                    "max_tokens": self.max_new_tokens}
+                    "max_tokens": max_new_tokens or self.max_new_tokens}
             headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {self.key}"} if self.key
                                                                 else {})}
             req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)

@@ -92,15 +92,18 @@ class RewardModelScorer:
         return self.prompt_cache[key]
 
     def score(self, prompts: Sequence[Any], completions: Sequence[str], *, system_prompt: str | None,
-              use_chat_template: bool, micro_batch_tokens: int) -> list[float]:
-        """Raw scores of each (prompt, completion)."""
+              use_chat_template: bool, micro_batch_tokens: int,
+              system_prompts: Sequence[str | None] | None = None) -> list[float]:
+        """Raw scores of each (prompt, completion); `system_prompts` gives each prompt its own system prompt
+        (a per-sample specification) instead of the one `system_prompt`."""
         from upslope.batch import build_batch
         from upslope.data.pairs import encode_reply
         from upslope.scalar_head import score_rows
 
         tok = self.tokenizer
         end = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
-        p_ids = [self.prompt_ids(p, system_prompt, use_chat_template) for p in prompts]
+        systems = list(system_prompts) if system_prompts is not None else [system_prompt] * len(prompts)
+        p_ids = [self.prompt_ids(p, s, use_chat_template) for p, s in zip(prompts, systems)]
         c_ids = [encode_reply(tok, c, end) for c in completions]
         batch = build_batch(p_ids, c_ids, [[0.0] * len(c) for c in c_ids], list(range(len(c_ids))),
                             [False] * len(c_ids), tok.pad_token_id)
@@ -131,7 +134,7 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
                         normalize: Literal["none", "batch", "running"] = "none",
                         micro_batch_tokens: PositiveCount = 4096, device: str = "auto",
                         dtype: Literal["float32", "bfloat16"] = "float32", system_prompt: str | None = None,
-                        use_chat_template: bool = True) -> list[float]:
+                        use_chat_template: bool = True, spec_field: str = "") -> list[float]:
     """A trained reward model's score of each completion after its prompt (batched, no gradient).
 
     path: an `upslope rm` checkpoint or HF sequence-classification model directory (the policy's tokenizer)
@@ -141,6 +144,11 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
     dtype: the reward model's weights: float32 or bfloat16
     system_prompt: system prompt used when the reward model was trained (as data.system_prompt there)
     use_chat_template: wrap prompts with the chat template, as the reward model's training did
+    spec_field: meta field holding each sample's written specification, given to the reward model as its system prompt (empty: system_prompt for all)
+
+    With `spec_field` the reward model is conditioned on a specification that may differ per
+    example (CSRM's configurable reward model: what counts as acceptable is written in the data, and
+    the model is trained with each pair's specification as the system message of its prompt).
     """
     scorer = load_scorer(path, device, dtype)
     if context is not None and context.policy_tokenizer is not None:
@@ -153,6 +161,13 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
             raise UpslopeError("reward_model: the samples carry no prompt (meta['prompt']); it scores completions "
                                "only where the rollout records their prompts")
         prompts.append(m["prompt"])
+    systems = None
+    if spec_field:
+        missing = [i for i, m in enumerate(metas) if not isinstance(m.get(spec_field), str)]
+        if missing:
+            raise UpslopeError(f"reward_model: spec_field={spec_field}: sample {missing[0]} has no text in that field "
+                               f"(each example needs its specification)")
+        systems = [m[spec_field] for m in metas]
     raw = scorer.score(prompts, completions, system_prompt=system_prompt, use_chat_template=use_chat_template,
-                       micro_batch_tokens=micro_batch_tokens)
+                       micro_batch_tokens=micro_batch_tokens, system_prompts=systems)
     return normalize_scores(raw, normalize, scorer.stats.setdefault(normalize, RunningStats()))

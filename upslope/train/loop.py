@@ -21,7 +21,7 @@ from upslope.eval.runner import evaluate, load_eval_examples
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics, sample_rows, tracker_plugins
-from upslope.registry import REWARD_COMBINERS
+from upslope.registry import REWARD_COMBINERS, SAMPLERS
 from upslope.rewards import build_reward_fns, check_rewards
 from upslope.rewards.context import RewardContext
 from upslope.rollout.plugin import make_rollout, rollout_fn
@@ -75,6 +75,7 @@ class BaseTrainer:
         self.eval_overlap = (shared, len(held_out)) if shared else None  # logged beside every evaluation
         self.overlap_to_say: tuple[int, int] | None = None  # ... and said once, beside the first result
         self.updater = self.make_updater()
+        self.give_sampler_features()
         self.setup_objective()
         self.start_step = 0
         resumed: dict[str, Any] = {}
@@ -178,6 +179,21 @@ class BaseTrainer:
         tok = self.runtime.tokenizer
         self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback, tok,
                          tok.pad_token_id)
+
+    def give_sampler_features(self) -> None:
+        """A sampler registered with `features` (BMC's task tree) is given each training prompt's feature
+        vector from the policy, once at set-up (a resumed run's sampler then restores its own from the
+        checkpoint)."""
+        if self.sampler is None or not SAMPLERS.get(self.cfg.data.sampler.name).traits.features:
+            return
+        import time
+
+        from upslope.train.learner.salience import prompt_features
+
+        t0 = time.perf_counter()
+        self.sampler.set_features(prompt_features(self.updater, self.prompt_ids))
+        seconds = time.perf_counter() - t0
+        self.report.note(f"sampler features: {len(self.prompt_ids)} training prompts in {seconds:.1f} s")
 
     @property
     def merge_repeats(self) -> bool:

@@ -22,8 +22,9 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
     PlacedReward, e.g. the process reward's step scores) also sets batch.token_rewards."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
-    ids = completion_token_ids(batch) if any(rf.token_ids for rf in reward_fns) else None
-    result = score(reward_fns, texts, answers, batch.meta, fallback, token_ids=ids)
+    ids = completion_token_ids(batch) if any(rf.token_ids or rf.logprobs for rf in reward_fns) else None
+    lps = completion_logprobs(batch) if any(rf.logprobs for rf in reward_fns) else None
+    result = score(reward_fns, texts, answers, batch.meta, fallback, token_ids=ids, logprobs=lps)
     components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
     combined = combiner(components, batch.group_ids, weights=result.weights).float()
     # a rollout may shape a sample's reward: batch.reward_scale multiplies it, batch.reward_override replaces it
@@ -46,6 +47,12 @@ def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable
 def completion_token_ids(batch: Batch) -> list[list[int]]:
     """Each sample's completion tokens (what the policy generated, padding cut off)."""
     return [batch.input_ids[i, int(p):int(e)].tolist()
+            for i, (p, e) in enumerate(zip(batch.prompt_lens.tolist(), batch.seq_lens.tolist()))]
+
+
+def completion_logprobs(batch: Batch) -> list[list[float]]:
+    """The sampler's log-prob of each completion token (aligned with `completion_token_ids`)."""
+    return [batch.sampler_logprobs[i, int(p):int(e)].tolist()
             for i, (p, e) in enumerate(zip(batch.prompt_lens.tolist(), batch.seq_lens.tolist()))]
 
 

@@ -36,9 +36,18 @@ SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule",
 SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "consteer_outcome", "ispo", "codapo",
                         "paec", "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # token credit
 SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # tree rollouts and decomposition
+SEED_METHOD_RECIPES |= {"c3rl", "disco", "more", "sear", "confidence_multi", "think_answer", "opera", "gsm8k",
+                        "exprl", "turing", "geoalign", "bmc", "geomin",
+                        "pivottrace"}  # rewards and sampling, part 3
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]
+# advantages that read named reward components (a verifier, a self-reward) get them pointed at the signal reward
+# below, which the tiny model's samples differ in (its verifier and majority-vote rewards are all 0)
+READ_SIGNAL = ["algo.advantage.options.correct=long_text", "algo.advantage.options.self_reward=long_text"]
+COMPONENT_READERS = {"geomin": [*READ_SIGNAL, "algo.advantage.options.labelled_share=0.5",
+                                "algo.advantage.options.fallback_weight=1.0"],
+                     "pivottrace": READ_SIGNAL}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -72,13 +81,16 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_p
                                "log.progress=false", "log.tensorboard=false", "log.plot=false",
                                "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
                                "train.steps=2", "train.eval_before=false", "train.eval_after=false",
-                               "train.eval_every=0", "rollout.max_resample_rounds=1"])
+                               "train.eval_every=0", "rollout.max_resample_rounds=1",
+                               *COMPONENT_READERS.get(recipe.stem, [])])
     # a reward the tiny random model's samples differ in (the recipe's own rewards are all 0 for it), so
     # every recipe has signal to learn from; the recipe's components stay (GDPO normalises each)
     own = cfg.reward or [RewardSpec(name=task_default_reward(cfg.data)[0], options=task_default_reward(cfg.data)[1])]
     own = [RewardSpec(**{**r.model_dump(), "options": {**r.options, "path": tiny_reward_model}})
            if r.name == "reward_model" else r for r in own]
     cfg.reward = [*own, RewardSpec(name=f"{TOY}:long_text", as_name="long_text")]
+    if cfg.algo.reward_combiner.options.get("constraints"):  # MORE: the tiny model meets no constraint, so every
+        cfg.algo.reward_combiner.options = {**cfg.algo.reward_combiner.options, "constraints": {}}  # reward would tie
     trainer = Trainer(cfg)
     trainable = {n: p.detach().clone() for n, p in trainer.updater.model.named_parameters() if p.requires_grad}
     try:

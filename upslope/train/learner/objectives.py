@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from upslope.algos.aggregate import aggregate, normalizer
-from upslope.algos.preference import bradley_terry_loss
+from upslope.algos.preference import bradley_terry_loss, score_calibration_loss
 from upslope.algos.terms import LossInputs, LossTerm, PolicyTerm, sum_terms
 from upslope.batch import Batch
 from upslope.config import AlgoConfig, Config, TrainConfig
@@ -343,13 +343,16 @@ class BradleyTerryObjective(Objective):
     """Reward-model training on pair rows (a group of two: chosen and rejected, the higher
     `rewards` value is the chosen one) scored by a scalar head's sequence scores: the mean
     Bradley-Terry loss over the mini-batch's pairs. Each pair's scores seen during the update give
-    the pairwise accuracy and score margin."""
+    the pairwise accuracy and score margin. With `calibration_coef` > 0 each row also adds that weight times
+    the binary cross-entropy of sigmoid(score) against its label (its `rewards` value in [0, 1]: a dataset
+    pair's chosen 1 and rejected 0), averaged over rows: ranking and calibration trained jointly (CSRM)."""
 
     forward = Forward(head="sequence_scores")
     whole_groups = True
 
-    def __init__(self, margin: float = 0.0):
+    def __init__(self, margin: float = 0.0, calibration_coef: float = 0.0):
         self.margin = margin
+        self.calibration_coef = calibration_coef
         self.seen = PairRecords()  # (chosen, rejected) scores of each micro-batch's pairs
 
     def prepare(self, batch: Batch) -> Batch:
@@ -366,7 +369,12 @@ class BradleyTerryObjective(Objective):
         chosen, rejected = pair_rows(mb.group_ids.cpu(), mb.rewards.cpu())
         rc, rr = out[chosen.to(out.device)], out[rejected.to(out.device)]
         self.seen.add((rc.detach().cpu(), rr.detach().cpu()))
-        return LossOutputs(bradley_terry_loss(rc - rr - self.margin).sum() / max(norms["num_seqs"] / 2, 1.0), {})
+        loss = bradley_terry_loss(rc - rr - self.margin).sum() / max(norms["num_seqs"] / 2, 1.0)
+        if self.calibration_coef:
+            labels = mb.rewards.to(out.device)
+            calibration = score_calibration_loss(out, labels).sum() / max(norms["num_seqs"], 1.0)
+            loss = loss + self.calibration_coef * calibration
+        return LossOutputs(loss, {})
 
     def finish(self, batch: Batch) -> Metrics:
         seen = self.seen.all()

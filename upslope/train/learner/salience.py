@@ -1,5 +1,7 @@
 """Per-token salience from the policy's internals, for the salience-weighted advantages (FlowTracer,
-ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage.
+ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage; and
+per-rollout feature vectors (`rollout_features`: the mean last-layer hidden state) for the advantages that
+read the geometry of the rollouts (GEOALIGN in upslope.algos.geometry).
 
 Each returns [N, L] >= 0, aligned to tokens (the value at t is about choosing token t) and 0 off
 the trained tokens. The answer region is each row's last `answer_tokens` trained tokens.
@@ -7,7 +9,7 @@ Costs (extra forward, attention maps, a backward to the inputs) are measured in 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -42,9 +44,8 @@ def _shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(per_position[:, :1]), per_position[:, :-1]], dim=1)
 
 
-@torch.no_grad()
-def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
-    """FlowTracer's throughput: flow into the answer over the attention DAG (mean over layers and heads)."""
+def mean_attention(model: Any, mb: Batch) -> torch.Tensor:
+    """[N, L, L]: the attention maps of one eager-attention forward, averaged over layers and heads."""
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # sdpa and flash kernels return no attention maps
     try:
@@ -52,8 +53,33 @@ def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
                            use_cache=False)
     finally:
         model.set_attn_implementation(impl)
-    attn = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)  # [N, L, L]
-    return flow_to_answer(attn, answer_region(mb.loss_mask, answer_tokens))
+    return torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
+
+
+@torch.no_grad()
+def attention_flow(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """FlowTracer's throughput: flow into the answer over the attention DAG (mean over layers and heads)."""
+    return flow_to_answer(mean_attention(model, mb), answer_region(mb.loss_mask, answer_tokens))
+
+
+def attention_shift_of(attn: torch.Tensor) -> torch.Tensor:
+    """[N, L]: at t >= 1 the total variation distance between the attention rows of t and t - 1 over the
+    positions both see (0 .. t - 1), each renormalised there; 0 at t = 0. A spike marks a pivot: the model
+    turning its attention elsewhere."""
+    n, length = attn.shape[0], attn.shape[1]
+    cols, rows = torch.arange(length, device=attn.device), torch.arange(1, length, device=attn.device)
+    seen = cols[None, :] < rows[:, None]  # [L - 1, L]: row t sees the columns before it
+    cur, prev = attn[:, 1:] * seen, attn[:, :-1] * seen
+    cur = cur / cur.sum(-1, keepdim=True).clamp(min=1e-12)
+    prev = prev / prev.sum(-1, keepdim=True).clamp(min=1e-12)
+    return torch.cat([torch.zeros(n, 1, dtype=attn.dtype, device=attn.device), 0.5 * (cur - prev).abs().sum(-1)],
+                     dim=1)
+
+
+@torch.no_grad()
+def attention_shift(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
+    """PivotTrace's attention dynamics: each token's shift of attention from the token before it."""
+    return attention_shift_of(mean_attention(model, mb))
 
 
 @torch.no_grad()
@@ -83,8 +109,60 @@ def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor
     return (grad * emb).sum(-1).abs().detach()
 
 
+@torch.no_grad()
+def hidden_mean(model: Any, mb: Batch) -> torch.Tensor:
+    """[n, D]: each row's last-layer hidden state averaged over the states that choose its trained tokens
+    (position t - 1 for token t): one forward of the decoder body, no vocabulary head."""
+    h = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    h = h.last_hidden_state.float()[:, :-1]
+    w = (mb.loss_mask[:, 1:] > 0).to(h.dtype).unsqueeze(-1)
+    return (h * w).sum(1) / w.sum(1).clamp(min=1.0)
+
+
+FEATURES: dict[str, Callable[[Any, Batch], torch.Tensor]] = {"hidden_mean": hidden_mean}
+
+
+def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
+    """[N, D] feature vector of each rollout from `source`, in the updater's micro-batches, on the CPU."""
+    fn, rows = FEATURES[source], []
+    updater.model.eval()
+    try:
+        for idx in updater.micro_batches(batch):
+            mb = batch.select(idx).to(updater.device)
+            with updater.autocast():
+                rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
+    finally:
+        updater.model.train()
+    out = torch.zeros(batch.size, rows[0][1].shape[1]) if rows else torch.zeros(batch.size, 0)
+    for idx, feats in rows:
+        out[idx] = feats
+    return out
+
+
+@torch.no_grad()
+def prompt_features(updater: Any, prompt_ids: Sequence[list[int]], rows: int = 64) -> torch.Tensor:
+    """[P, D]: each prompt's last-layer hidden state averaged over its tokens, `rows` prompts a forward of the
+    decoder body (right-padded, padding masked out), on the CPU."""
+    model, out = updater.model, []
+    model.eval()
+    try:
+        for s in range(0, len(prompt_ids), rows):
+            chunk = prompt_ids[s:s + rows]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([list(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
+            with updater.autocast():
+                h = _body(model)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state.float()
+            m = mask.unsqueeze(-1).to(h.dtype)
+            out.append(((h * m).sum(1) / m.sum(1)).cpu())
+    finally:
+        model.train()
+    return torch.cat(out) if out else torch.zeros(0, 0)
+
+
 SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
-    "attention_flow": attention_flow, "adapter_residual": adapter_residual, "gradient": gradient_saliency}
+    "attention_flow": attention_flow, "adapter_residual": adapter_residual, "gradient": gradient_saliency,
+    "attention_shift": attention_shift}
 
 
 def token_salience(updater: Any, batch: Batch, source: str, answer_tokens: int) -> torch.Tensor:

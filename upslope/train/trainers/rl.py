@@ -149,6 +149,7 @@ class Trainer(BaseTrainer):
         self.advantage_fn = ADVANTAGES.bind(cfg.algo.advantage.name, cfg.algo.advantage.options,
                                             where="algo.advantage.options")
         self.salience_source = ADVANTAGES.get(cfg.algo.advantage.name).traits.salience  # the extra pass it needs
+        self.features_source = ADVANTAGES.get(cfg.algo.advantage.name).traits.features  # or this one
         self.filters = [FILTERS.bind(f.name, f.options, where=f"algo.filters[{i}].options")
                         for i, f in enumerate(cfg.algo.filters)]
         self.critic = None
@@ -276,12 +277,21 @@ class Trainer(BaseTrainer):
 
     def with_salience(self, batch: Batch, metrics: dict[str, Any]) -> Any:
         """The advantage estimator, given the policy's per-token salience when it declares a
-        `salience` source (FlowTracer, ARCA, GRAIL: one extra pass, its seconds in the metrics)."""
+        `salience` source (FlowTracer, ARCA, GRAIL: one extra pass, its seconds in the metrics), or each
+        rollout's feature vector when it declares a `features` source (GEOALIGN: one forward)."""
+        import time
+
+        if self.features_source:
+            from upslope.train.learner.salience import rollout_features
+
+            t0 = time.perf_counter()
+            features = rollout_features(self.updater, batch, self.features_source)
+            metrics["features/seconds"] = time.perf_counter() - t0
+            return functools.partial(self.advantage_fn, features=features)
         source = self.salience_source
         if not source:
             return self.advantage_fn
         import inspect
-        import time
 
         from upslope.train.learner.salience import token_salience
 

@@ -112,7 +112,7 @@ class RMTrainer(BaseTrainer):
         return updater
 
     def setup_objective(self) -> None:
-        self.objective = BradleyTerryObjective(self.cfg.rm.margin)
+        self.objective = BradleyTerryObjective(self.cfg.rm.margin, self.cfg.rm.calibration_coef)
 
     def title(self) -> str:
         return f"reward model ({self.cfg.rm.source.replace('_', '-')} pairs)"
@@ -169,7 +169,8 @@ class RMTrainer(BaseTrainer):
         return metrics
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """Pairwise accuracy of the reward model on the held-out pairs."""
+        """Pairwise accuracy of the reward model on the held-out pairs, and the calibration of sigmoid(score)
+        as the probability that a reply is the acceptable one (`ece`, `brier`: chosen 1, rejected 0)."""
         batch = self.held_out_pairs()
         if batch.size == 0:
             self.report.warn("no held-out pairs (no evaluation prompt had completions with differing rewards)")
@@ -180,6 +181,7 @@ class RMTrainer(BaseTrainer):
         chosen, rejected = pair_rows(batch.group_ids, batch.rewards)
         summary: dict[str, Any] = {k.removeprefix("rm/"): v for k, v in
                                    pair_metrics(scores[chosen], scores[rejected]).items()}
+        summary.update(score_calibration(scores, batch.rewards))
         summary["pairs"] = int(chosen.numel())
         self.logger.log(step, {f"eval/rm_{k}": float(v) for k, v in summary.items()})
         self.report.result(f"eval @ step {step}: pairwise accuracy {summary['accuracy']:.3f} "
@@ -205,6 +207,15 @@ class RMTrainer(BaseTrainer):
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
         if self.uses_engine and state.get("rm_held_out") is not None:
             self.held_out = state["rm_held_out"]
+
+
+def score_calibration(scores: Any, labels: Any) -> dict[str, float]:
+    """ECE (10 bins) and Brier score of sigmoid(score) against each row's label (>= 0.5: acceptable)."""
+    from upslope.eval.calibration import brier_score, expected_calibration_error
+
+    probs = scores.float().sigmoid().tolist()
+    good = [float(v) >= 0.5 for v in labels.tolist()]
+    return {"ece": expected_calibration_error(probs, good), "brier": brier_score(probs, good)}
 
 
 def plot_pairwise(records: list[dict[str, Any]], out: Path, title: str) -> Path | None:
