@@ -40,7 +40,7 @@ KIND_BY_PATH = {"data.sampler": "sampler", "algo.replay": "replay", "algo.advant
                 "algo.policy_loss": "policy_loss", "algo.filters": "filter", "algo.reward_combiner": "reward_combiner",
                 "algo.kl": "kl", "reward": "reward", "distill.loss": "distill_loss", "agent.env": "environment",
                 "randopt.consolidate": "consolidate", "rollout.kind": "rollout", "algo.terms": "loss_term",
-                "algo.accept": "accept"}
+                "algo.accept": "accept", "dpo.loss": "preference_loss"}
 # methods whose mechanism is a hook of the loop switched on by a config section, not a registry name:
 # the module-level objects that implement it (method-specific wiring inside the loop is not counted)
 HOOKS = {
@@ -50,6 +50,9 @@ HOOKS = {
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
+    # the environment's read-only execution and query alignment live beside the one-shot SQL reward
+    "progress_sql": [f"upslope.rewards.sql:{name}" for name in ("ReadOnlyDatabase", "same_result", "extract_sql",
+                                                                 "alignment", "differing_clauses")],
 }
 # infrastructure a recipe names that no seed method wrote: the task's verifier and the multi-turn agent loop
 REUSED = {("reward", "integer"), ("reward", "env"), ("rollout", "multi_turn")}

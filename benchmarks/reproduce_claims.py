@@ -156,3 +156,26 @@ METHODS.update({  # token credit and weighting: each against GRPO on the headroo
     "arca": Claim("arca", "headroom_lora", "eval/accuracy", "higher",
                   "ARCA: Adapter-Residual Credit Assignment When Token Signals Degenerate"),
 })
+METHODS.update({  # environments and offline objectives
+    # Progress-SQL against one-shot GRPO on the same Text-to-SQL task; both evaluate the first query
+    "progress_sql": Claim("progress_sql", "sql", "eval/accuracy", "higher",
+                          "Progress-SQL: Improving Reinforcement Learning for Text-to-SQL via Progressive Rewards"),
+    # Translate-R1's confidence-gated tool cost against the same task with free tool calls (GSPO both)
+    "translate_r1": Claim("translate_r1", "tool_choice", "eval/agent/tool_calls", "lower",
+                          "Translate-R1: Cost-Aware Translation Tool Use via Reinforcement Learning "
+                          "(confidence-gated tool cost)", also=(("eval/accuracy", "higher"),)),
+    # OPT*'s rank-based shaping against GRPO on the same knapsack task's value ratio
+    "opt": Claim("opt", "knapsack", "eval/mean_reward", "higher",
+                 "OPT*: Step-by-Step Optimization-like Reasoning in LLMs over Expanding Search Spaces (rank-based "
+                 "reward shaping)", also=(("eval/accuracy", "higher"),)),
+    # turn credit from the environment's per-turn state change, against the same environment's outcome GRPO
+    "ctc_grpo": Claim("ctc_grpo", "progress_sql", "eval/accuracy", "higher",
+                      "EIBench: A Simulator-Based Benchmark and Turn-Credit RL for Emotion Management (CTC-GRPO)"),
+    # offline losses on scored samples against DPO on the same on-policy pairs
+    "sro": Claim("sro", "dpo", "eval/accuracy", "higher",
+                 "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (SRO)",
+                 command="dpo"),
+    "bro": Claim("bro", "dpo", "eval/accuracy", "higher",
+                 "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (BRO)",
+                 command="dpo"),
+})
