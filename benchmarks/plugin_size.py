@@ -197,6 +197,10 @@ WHY = {
                "healing shares the rollout module",
     "catpo": "TreeRPO's tree rollout and credit, plus the critique-guided healing of all-fail trees and the "
              "informativeness weighting",
+    "progress_sql": "an environment and what it runs on: the read-only SQLite connection (its authorizer, time "
+                    "limit and caps), execution-based result comparison, and the clause-level and lexical "
+                    "alignment its progress reward and diagnosis read (the last three shared with the one-shot "
+                    "reward `sql_execution`)",
     "jf_hpo": "a command, not a plugin: `upslope sweep` parses and validates the search space against the "
               "config, runs successive halving over subprocess trials resumed from their checkpoints, keeps a "
               "crash-safe state a killed sweep resumes from, and writes the results table and best.yaml",

@@ -171,6 +171,8 @@ METHODS.update({  # environments and offline objectives
     # turn credit from the environment's per-turn state change, against the same environment's outcome GRPO
     "ctc_grpo": Claim("ctc_grpo", "progress_sql", "eval/accuracy", "higher",
                       "EIBench: A Simulator-Based Benchmark and Turn-Credit RL for Emotion Management (CTC-GRPO)"),
+    "3spo": Claim("3spo", "progress_sql", "eval/accuracy", "higher",
+                  "3SPO: State-Score-Supervised Policy Optimization for LLM Agents (step credit from state scores)"),
     # offline losses on scored samples against DPO on the same on-policy pairs
     "sro": Claim("sro", "dpo", "eval/accuracy", "higher",
                  "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (SRO)",
