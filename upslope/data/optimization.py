@@ -15,6 +15,10 @@ from upslope.errors import DataError
 from upslope.registry import TASKS
 
 _TEST_SEED_OFFSET = 1_000_003
+QUESTION = ("A bag holds a total weight of at most {capacity}. Items (number: weight, value): {items}. "
+            "Which items give the largest total value that fits? Answer with the item numbers only.")
+# one worked example: without it the embedded 135M model copies the item list or names every item
+EXAMPLE = QUESTION.format(capacity=5, items="1: 4, 3; 2: 2, 2; 3: 3, 4") + "\nAnswer: 2, 3\n\n"
 
 
 def best_value(weights: list[int], values: list[int], capacity: int) -> int:
@@ -29,9 +33,7 @@ def best_value(weights: list[int], values: list[int], capacity: int) -> int:
 @TASKS.register("knapsack", reward="knapsack", max_new_tokens=24, splits=("train", "test"))
 def knapsack(*, split: str = "train", items: PositiveCount = 4, max_weight: PositiveCount = 9,
              max_value: PositiveCount = 9, count: PositiveCount = 5000, seed: int = 0,
-             prompt: str = ("A bag holds a total weight of at most {capacity}. Items (number: weight, value): {items}. "
-                            "Which items give the largest total value that fits? Answer with the item numbers only."),
-             prefill: str = "Items:") -> list[Example]:
+             prompt: str = EXAMPLE + QUESTION, prefill: str = "Answer:") -> list[Example]:
     """Seeded 0/1 knapsack problems: pick items whose weights fit the capacity, maximising their total value.
     The answer is the optimal value; meta holds weights, values and capacity for the checker.
 
@@ -41,7 +43,8 @@ def knapsack(*, split: str = "train", items: PositiveCount = 4, max_weight: Posi
     max_value: values are drawn from 1..max_value
     count: number of problems
     seed: random seed (the test split adds a fixed offset)
-    prompt: format string with {capacity} and {items} ("1: 3, 7; 2: ...")
+    prompt: format string with {capacity} and {items} ("1: 3, 7; 2: ..."); the default opens with one worked
+    example
     prefill: text the reply starts with (empty: none)
     """
     if split not in ("train", "test"):
