@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from upslope.algos.common import Singleton, group_normalize
-from upslope.bounds import NonNegative, Positive
+from upslope.bounds import Fraction, NonNegative, Positive, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import REWARD_COMBINERS
 
@@ -100,7 +100,7 @@ def saw(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, 
 @REWARD_COMBINERS.register("confidence_gated_cost")
 def confidence_gated_cost(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None,
                           correct: str = "correct", tool: str = "tool", cost: NonNegative = 0.3,
-                          threshold: float = 0.5, min_native: int = 2) -> Tensor:
+                          threshold: Fraction = 0.5, min_native: PositiveCount = 2) -> Tensor:
     """Translate-R1's cost-aware tool use: the weighted sum of every component but `tool`, minus `cost` for a
     sample that used the tool where its group shows the policy can do without: at least `min_native` of the
     group's samples skipped the tool and their mean `correct` is at least `threshold`. Where the policy
