@@ -50,6 +50,8 @@ HOOKS = {
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
+    # the consistency reward is named by both arms (weight 0 in the baseline, which only measures it)
+    "self_ctrl": ["upslope.rewards.introspection:self_consistency"],
     # the environment's read-only execution and query alignment live beside the one-shot SQL reward
     "progress_sql": [f"upslope.rewards.sql:{name}" for name in ("ReadOnlyDatabase", "same_result", "extract_sql",
                                                                  "alignment", "differing_clauses")],

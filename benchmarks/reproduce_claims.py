@@ -164,6 +164,10 @@ METHODS.update({  # environments and offline objectives
     "translate_r1": Claim("translate_r1", "tool_choice", "eval/agent/tool_calls", "lower",
                           "Translate-R1: Cost-Aware Translation Tool Use via Reinforcement Learning "
                           "(confidence-gated tool cost)", also=(("eval/accuracy", "higher"),)),
+    # Self-CTRL: both arms measure report/behaviour consistency first (accuracy); only the method trains on it
+    "self_ctrl": Claim("self_ctrl", "self_report", "eval/accuracy", "higher",
+                       "Self-CTRL: Self-Consistency Training with Reinforcement Learning",
+                       also=(("eval/mean_reward", "higher"),)),
     # OPT*'s rank-based shaping against GRPO on the same knapsack task's value ratio
     "opt": Claim("opt", "knapsack", "eval/mean_reward", "higher",
                  "OPT*: Step-by-Step Optimization-like Reasoning in LLMs over Expanding Search Spaces (rank-based "

@@ -36,7 +36,7 @@ SEED_METHOD_RECIPES = {"cero", "ads", "boundary_curriculum", "replay", "rerule",
 SEED_METHOD_RECIPES |= {"ah_grpo", "sa_ah_grpo", "rredcot", "graphae", "consteer", "consteer_outcome", "ispo", "codapo",
                         "paec", "sr_ppo", "flowtracer", "grail", "arca", "headroom_lora"}  # token credit
 SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # tree rollouts and decomposition
-SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
+SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1", "self_report", "self_ctrl"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]
