@@ -163,7 +163,9 @@ def test_the_task_is_seeded_and_its_held_out_questions_are_never_trained_on():
     train, test = sql(split="train"), sql(split="test")
     assert [e.prompt for e in sql(split="test")] == [e.prompt for e in test]
     assert not {e.meta["question"] for e in train} & {e.meta["question"] for e in test}
-    assert len(test) >= 80 and len(train) >= 150
+    assert (len(train), len(test)) == (79, 83)  # at most 20 instances of each of 14 templates, half held out
+    by_template = [e.meta["template"] for e in train + test]
+    assert max(by_template.count(t) for t in set(by_template)) <= 20 and len(set(by_template)) == 14
     con = ReadOnlyDatabase(test[0].meta["db"])
     assert all(con.run(e.answer).rows for e in train + test)  # no empty gold result
     con.close()
