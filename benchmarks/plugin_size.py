@@ -40,7 +40,7 @@ KIND_BY_PATH = {"data.sampler": "sampler", "algo.replay": "replay", "algo.advant
                 "algo.policy_loss": "policy_loss", "algo.filters": "filter", "algo.reward_combiner": "reward_combiner",
                 "algo.kl": "kl", "reward": "reward", "distill.loss": "distill_loss", "agent.env": "environment",
                 "randopt.consolidate": "consolidate", "rollout.kind": "rollout", "algo.terms": "loss_term",
-                "algo.accept": "accept"}
+                "algo.accept": "accept", "dpo.loss": "preference_loss"}
 # methods whose mechanism is a hook of the loop switched on by a config section, not a registry name:
 # the module-level objects that implement it (method-specific wiring inside the loop is not counted)
 HOOKS = {
@@ -56,6 +56,11 @@ HOOKS = {
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
     "csrm": ["upslope.algos.preference:score_calibration_loss", "upslope.train.learner.objectives:BradleyTerryObjective",
              "upslope.train.trainers.rm:score_calibration"],
+    # the consistency reward is named by both arms (weight 0 in the baseline, which only measures it)
+    "self_ctrl": ["upslope.rewards.introspection:self_consistency"],
+    # the environment's read-only execution and query alignment live beside the one-shot SQL reward
+    "progress_sql": [f"upslope.rewards.sql:{name}" for name in ("ReadOnlyDatabase", "same_result", "extract_sql",
+                                                                 "alignment", "differing_clauses")],
 }
 # infrastructure a recipe names that no seed method wrote: the task's verifier and the multi-turn agent loop
 REUSED = {("reward", "integer"), ("reward", "env"), ("rollout", "multi_turn")}
@@ -200,6 +205,10 @@ WHY = {
                "healing shares the rollout module",
     "catpo": "TreeRPO's tree rollout and credit, plus the critique-guided healing of all-fail trees and the "
              "informativeness weighting",
+    "progress_sql": "an environment and what it runs on: the read-only SQLite connection (its authorizer, time "
+                    "limit and caps), execution-based result comparison, and the clause-level and lexical "
+                    "alignment its progress reward and diagnosis read (the last three shared with the one-shot "
+                    "reward `sql_execution`)",
     "jf_hpo": "a command, not a plugin: `upslope sweep` parses and validates the search space against the "
               "config, runs successive halving over subprocess trials resumed from their checkpoints, keeps a "
               "crash-safe state a killed sweep resumes from, and writes the results table and best.yaml",

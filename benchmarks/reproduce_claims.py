@@ -197,3 +197,32 @@ METHODS.update({  # routing prompts by the attention pivots of their rollouts (a
                         "Smart Picks in the Dark: Towards Efficient RLVR for Reasoning via Tracing Metacognitive "
                         "Pivots (PivotTrace)"),
 })
+METHODS.update({  # environments and offline objectives
+    # Progress-SQL against one-shot GRPO on the same Text-to-SQL task; both evaluate the first query
+    "progress_sql": Claim("progress_sql", "sql", "eval/accuracy", "higher",
+                          "Progress-SQL: Improving Reinforcement Learning for Text-to-SQL via Progressive Rewards"),
+    # Translate-R1's confidence-gated tool cost against the same task with free tool calls (GSPO both)
+    "translate_r1": Claim("translate_r1", "tool_choice", "eval/agent/tool_calls", "lower",
+                          "Translate-R1: Cost-Aware Translation Tool Use via Reinforcement Learning "
+                          "(confidence-gated tool cost)", also=(("eval/accuracy", "higher"),)),
+    # Self-CTRL: both arms measure report/behaviour consistency first (accuracy); only the method trains on it
+    "self_ctrl": Claim("self_ctrl", "self_report", "eval/accuracy", "higher",
+                       "Self-CTRL: Self-Consistency Training with Reinforcement Learning",
+                       also=(("eval/mean_reward", "higher"),)),
+    # OPT*'s rank-based shaping against GRPO on the same knapsack task's value ratio
+    "opt": Claim("opt", "knapsack", "eval/mean_reward", "higher",
+                 "OPT*: Step-by-Step Optimization-like Reasoning in LLMs over Expanding Search Spaces (rank-based "
+                 "reward shaping)", also=(("eval/accuracy", "higher"),)),
+    # turn credit from the environment's per-turn state change, against the same environment's outcome GRPO
+    "ctc_grpo": Claim("ctc_grpo", "progress_sql", "eval/accuracy", "higher",
+                      "EIBench: A Simulator-Based Benchmark and Turn-Credit RL for Emotion Management (CTC-GRPO)"),
+    "3spo": Claim("3spo", "progress_sql", "eval/accuracy", "higher",
+                  "3SPO: State-Score-Supervised Policy Optimization for LLM Agents (step credit from state scores)"),
+    # offline losses on scored samples against DPO on the same on-policy pairs
+    "sro": Claim("sro", "dpo", "eval/accuracy", "higher",
+                 "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (SRO)",
+                 command="dpo"),
+    "bro": Claim("bro", "dpo", "eval/accuracy", "higher",
+                 "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (BRO)",
+                 command="dpo"),
+})

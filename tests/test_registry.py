@@ -148,7 +148,9 @@ UNBOUNDED = {
     "rollout:espo.margin",  # a negative margin stops every completion past min_tokens
     "preference_loss:simpo.gamma",  # a target margin
     "accept:mipu.min_gain",  # a threshold on the proxy, which has either sign
-    "task:arith.seed",
+    "task:arith.seed", "task:sql.seed", "task:knapsack.seed", "task:self_report.seed",
+    "reward:knapsack.infeasible",  # a penalty is negative
+    "preference_loss:bro.threshold", "preference_loss:bro.shift",  # compared with rewards / implicit rewards
 }
 
 

@@ -121,6 +121,7 @@ class TrackerTraits(Traits):
 @dataclass(frozen=True)
 class PreferenceLossTraits(Traits):
     reference: bool = True  # needs the frozen reference's log-probs
+    rewards: bool = False  # takes the pairs' scalar rewards (PairRewards) as a third argument
 
 
 @dataclass

@@ -84,7 +84,7 @@ def bind_loss(name: str, options: dict | None = None):
 
 def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
     """An advantage estimator called as the RL trainer calls it: one declaring a `salience` source also
-    gets a random non-negative per-token salience."""
+    gets a random non-negative per-token salience, one declaring a `features` source random features."""
     import functools
 
     from upslope.registry import ADVANTAGES
@@ -92,4 +92,6 @@ def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
     fn = ADVANTAGES.bind(name)
     if ADVANTAGES.get(name).traits.salience:
         fn = functools.partial(fn, salience=torch.rand(batch.input_ids.shape, generator=generator))
+    if ADVANTAGES.get(name).traits.features:
+        fn = functools.partial(fn, features=torch.randn(batch.size, 16, generator=generator))
     return fn

@@ -130,7 +130,12 @@ def test_rloo_equals_naive_leave_one_out(b):
 def test_every_estimator_is_zero_off_the_loss_mask(b, seed):
     g = torch.Generator().manual_seed(seed)
     b.values = torch.randn(b.input_ids.shape, generator=g)
-    b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g)}
+    b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g),
+                           "correct": (b.rewards > 0).float(), "self": (torch.rand(b.size, generator=g) > 0.5).float()}
+    completions = (b.seq_lens - b.prompt_lens).tolist()  # one model turn each, as a multi-turn rollout records it
+    b.meta = [{"turn_spans": [(0, c)], "turn_parts": [{"progress": float(torch.rand(1, generator=g))}],
+               "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+               "example_id": int(gid)} for c, gid in zip(completions, b.group_ids.tolist())]
     for name in ADVANTAGES.names():
         adv = bind_advantage(name, b, g)(b)
         if ADVANTAGES.get(name).traits.critic:

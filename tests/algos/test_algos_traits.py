@@ -38,11 +38,14 @@ def test_the_loop_reads_the_grouped_trait():
 def test_batch_level_steps_declare_the_whole_batch_trait():
     """What uses statistics of the whole batch or round says so: REINFORCE++'s and GAE's whitening,
     GDPO's batch normalisation (and what builds on it), ReCal's per-dataset scale, SAW's batch
-    coefficients of variation, DARTS's longest completion; group-local estimators do not."""
+    coefficients of variation, DARTS's longest completion, GEOALIGN's consensus directions over the batch,
+    GeoMin's Gaussians over the batch's labelled rollouts, PivotTrace's ranking of the batch's prompts, MORE's weights from every group's values;
+    group-local estimators do not."""
     def whole(registry):
         return {n for n in registry.names() if registry.get(n).traits.whole_batch}
-    assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo"}
-    assert whole(REWARD_COMBINERS) == {"saw"} and whole(FILTERS) == {"darts"}
+    assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo", "geoalign", "geomin",
+                                "pivottrace"}
+    assert whole(REWARD_COMBINERS) == {"saw", "more"} and whole(FILTERS) == {"darts"}
 
 
 @pytest.mark.parametrize("extra, reason", [

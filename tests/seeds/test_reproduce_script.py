@@ -221,7 +221,8 @@ def test_further_metrics_get_their_own_interval_and_verdict():
 # every metric a claim may name: what `upslope eval` reports (eval/...), what `upslope rm`'s evaluation
 # reports (eval/rm_...) and the step metrics
 EVAL_KEYS = {"accuracy", "mean_reward", "mean_length", "truncated_frac", "pass@1", "pass@8", "maj@8", "ece", "brier",
-             "confidence_stated", "coverage", "selective_risk", "aurc"}
+             "confidence_stated", "coverage", "selective_risk", "aurc",
+             "agent/tool_calls"}  # multi-turn runs' evaluation summaries add the agent/* means
 EVAL_KEYS |= {"rm_accuracy", "rm_margin", "rm_score_mean", "rm_ece", "rm_brier"}
 CALIBRATION_KEYS = {"ece": "confidence_pattern", "brier": "confidence_pattern", "confidence_stated": "confidence_pattern",
                     "coverage": "abstain_pattern", "selective_risk": "abstain_pattern", "aurc": "abstain_pattern"}

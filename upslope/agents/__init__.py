@@ -2,7 +2,7 @@
 them is `upslope.rollout.multi_turn`). See docs/agents.md."""
 from upslope.agents import builtin_tools, formats  # noqa: F401  (register the built-in tools and formats)
 from upslope.agents.env import AnswerEnv, Environment, Message, StepResult
-from upslope.agents import socratic  # noqa: F401,E402  (registers the SocraticPO environment)
+from upslope.agents import socratic, sql  # noqa: F401,E402  (register the SocraticPO and Progress-SQL environments)
 from upslope.agents.tools import ToolBox, ToolCall, call_tool, tool_schema
 
 __all__ = ["AnswerEnv", "Environment", "Message", "StepResult", "ToolBox", "ToolCall", "call_tool", "tool_schema"]

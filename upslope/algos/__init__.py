@@ -5,3 +5,4 @@ from upslope.algos import preference  # noqa: F401,E402  (preference losses for 
 from upslope.algos import replay  # noqa: F401,E402  (rollout replay for the RL trainer)
 from upslope.algos import exploration  # noqa: F401,E402  (exploration filters: darts)
 from upslope.algos import terms, trust  # noqa: F401,E402  (RL loss terms; DCMDP's term, MIPU's update check)
+from upslope.algos import turn_credit  # noqa: F401,E402  (turn credit for multi-turn rollouts: CTC-GRPO)

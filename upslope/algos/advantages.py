@@ -52,6 +52,25 @@ def grpo(batch: Batch, *, scale_by_std: bool = True, eps: NonNegative = 1e-6, un
     return _tokens(adv, batch)
 
 
+@ADVANTAGES.register("group_rank", grouped=True)
+def group_rank(batch: Batch) -> Tensor:
+    """Rank-based reward shaping (OPT*): a sample's advantage is its reward's rank in its group mapped evenly
+    onto [-1, 1] (the best +1, the worst -1, ties share their mean rank), so a better answer always gets more
+    than a worse one however close their rewards; 0 for a tied group or a group of one.
+    """
+    r = _rewards(batch, "group_rank")
+    adv = torch.zeros_like(r)
+    for g in batch.group_ids.unique():
+        idx = torch.nonzero(batch.group_ids == g).flatten()
+        v = r[idx]
+        if len(idx) < 2:
+            continue
+        below = (v[None, :] < v[:, None]).sum(1).to(torch.float64)
+        ties = (v[None, :] == v[:, None]).sum(1).to(torch.float64)
+        adv[idx] = 2 * (below + (ties - 1) / 2) / (len(idx) - 1) - 1
+    return _tokens(adv, batch)
+
+
 @ADVANTAGES.register("dr_grpo", grouped=True)
 def dr_grpo(batch: Batch, *, singleton: Singleton = "zero") -> Tensor:
     """Dr. GRPO: r - group mean (no std division, which biases toward easy/hard prompts).

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from upslope.algos.common import Singleton, group_normalize
-from upslope.bounds import NonNegative, Positive
+from upslope.bounds import Fraction, NonNegative, Positive, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import REWARD_COMBINERS
 
@@ -169,3 +169,35 @@ def more_weights(objectives: dict[str, Tensor], group_ids: Tensor, feasible: Ten
     w = torch.zeros(len(names), dtype=torch.float64)
     w[live] = min_norm_weights(grads[live])
     return {k: float(w[i]) for i, k in enumerate(names)}
+
+
+@REWARD_COMBINERS.register("confidence_gated_cost")
+def confidence_gated_cost(components: dict[str, Tensor], group_ids: Tensor, *, weights: dict[str, float] | None = None,
+                          correct: str = "correct", tool: str = "tool", cost: NonNegative = 0.3,
+                          threshold: Fraction = 0.5, min_native: PositiveCount = 2) -> Tensor:
+    """Translate-R1's cost-aware tool use: the weighted sum of every component but `tool`, minus `cost` for a
+    sample that used the tool where its group shows the policy can do without: at least `min_native` of the
+    group's samples skipped the tool and their mean `correct` is at least `threshold`. Where the policy
+    cannot answer unaided, calling the tool costs nothing.
+
+    weights: weight per reward component name (unlisted weigh 1.0; `tool` is an indicator, never summed)
+    correct: the component that says a sample is right
+    tool: the component that is > 0 when a sample called the tool (e.g. the answer environment's `tool` part)
+    cost: what an avoidable tool call costs
+    threshold: the unaided success rate from which the policy counts as confident
+    min_native: unaided samples a group needs before its success rate is trusted
+    """
+    for name in (correct, tool):
+        if name not in components:
+            raise ConfigError(f"confidence_gated_cost: no reward component '{name}'; known: {sorted(components)}")
+    used = components[tool].to(torch.float32) > 0
+    right = components[correct].to(torch.float32)
+    gate = torch.zeros_like(used)
+    for g in group_ids.unique():
+        members = group_ids == g
+        native = members & ~used
+        if int(native.sum()) >= min_native and float(right[native].mean()) >= threshold:
+            gate |= members
+    rest = {k: v for k, v in components.items() if k != tool}
+    kept = {k: w for k, w in (weights or {}).items() if k != tool}
+    return weighted_sum(rest, group_ids, weights=kept) - cost * (used & gate).to(torch.float32)

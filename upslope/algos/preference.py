@@ -2,7 +2,8 @@
 
 `policy` and `reference` are `PairLogps`: for P pairs, the summed log-probs of each pair's
 chosen and rejected completion (sum of token log-probs x loss mask) and their token counts.
-`reference` is None for reference-free losses (registered with `reference=False`).
+`reference` is None for reference-free losses (registered with `reference=False`). A loss registered
+with `rewards=True` also gets the pairs' scalar rewards (`PairRewards`) as a third argument.
 Each loss returns the per-pair loss [P] (to be minimised; the trainer averages it over
 pairs) and the implicit rewards of the chosen and rejected completions [P] (detached);
 their difference is the reward margin, and the fraction of pairs with margin > 0 is the
@@ -23,6 +24,7 @@ from upslope.errors import ConfigError
 from upslope.registry import PREFERENCE_LOSSES
 
 Beta = Annotated[float, Field(gt=0)]
+Temperature = Annotated[float, Field(gt=0)]
 Smoothing = Annotated[float, Field(ge=0, lt=0.5)]
 
 
@@ -38,6 +40,14 @@ class PairLogps(NamedTuple):
         """Length-averaged log-probs (sum / token count; an empty completion counts as one token)."""
         return self._replace(chosen=self.chosen / self.chosen_tokens.clamp(min=1),
                              rejected=self.rejected / self.rejected_tokens.clamp(min=1))
+
+
+class PairRewards(NamedTuple):
+    """The scalar rewards of P pairs' chosen and rejected completions (file pairs: 1 and 0; on-policy pairs:
+    the combined rewards the samples earned)."""
+
+    chosen: Tensor  # [P]
+    rejected: Tensor  # [P]
 
 
 class PreferenceOut(NamedTuple):
@@ -105,6 +115,51 @@ def simpo(policy: PairLogps, reference: PairLogps | None = None, *, beta: Beta =
     pol = policy.mean()
     chosen, rejected = beta * pol.chosen, beta * pol.rejected
     loss = bradley_terry_loss(chosen - rejected - gamma, label_smoothing)
+    return PreferenceOut(loss, chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("sro", reference=True, rewards=True)
+def sro(policy: PairLogps, reference: PairLogps | None, rewards: PairRewards, *, beta: Beta = 0.1,
+        temperature: Temperature = 0.25) -> PreferenceOut:
+    """SRO (soft reward optimisation): the cross-entropy of sigmoid(h) against the soft label
+    sigmoid((r_c - r_r) / temperature), h = beta ((pi_c - ref_c) - (pi_r - ref_r)).
+
+    Minimised at h = (r_c - r_r) / temperature: the policy's log-ratio differences match the reward differences
+    of the KL-regularised optimum pi_ref exp(r / kappa) with kappa = beta x temperature. Equal rewards ask
+    for no margin; DPO is the limit of temperature -> 0.
+
+    beta: scale of the implicit reward beta * (log pi - log ref) (> 0)
+    temperature: reward scale of the soft label (> 0): smaller is closer to DPO's hard label
+    """
+    ref = _need(reference, "sro")
+    chosen, rejected = beta * (policy.chosen - ref.chosen), beta * (policy.rejected - ref.rejected)
+    h = chosen - rejected
+    target = torch.sigmoid((rewards.chosen - rewards.rejected).to(h.dtype) / temperature)
+    loss = -(target * F.logsigmoid(h) + (1 - target) * F.logsigmoid(-h))
+    return PreferenceOut(loss, chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("bro", reference=True, rewards=True)
+def bro(policy: PairLogps, reference: PairLogps | None, rewards: PairRewards, *, beta: Beta = 0.1,
+        threshold: float = 0.5, shift: float = 0.0) -> PreferenceOut:
+    """BRO (binarised reward optimisation): each completion's reward is binarised (above `threshold`:
+    desirable) and its own implicit reward z = beta (pi - ref) - shift is classified by it, -log sigmoid(z)
+    for a desirable completion and -log sigmoid(-z) otherwise; a pair's loss is the mean of its two.
+
+    Unpaired: a pair whose replies are both desirable raises both, unlike DPO's margin.
+
+    beta: scale of the implicit reward beta * (log pi - log ref) (> 0)
+    threshold: a reward above it is desirable
+    shift: subtracted from the implicit reward before the logistic loss (the decision boundary)
+    """
+    ref = _need(reference, "bro")
+    chosen, rejected = beta * (policy.chosen - ref.chosen), beta * (policy.rejected - ref.rejected)
+
+    def term(z: Tensor, r: Tensor) -> Tensor:
+        good = (r > threshold).to(z.dtype)
+        return -(good * F.logsigmoid(z - shift) + (1 - good) * F.logsigmoid(shift - z))
+
+    loss = (term(chosen, rewards.chosen) + term(rejected, rewards.rejected)) / 2
     return PreferenceOut(loss, chosen.detach(), rejected.detach())
 
 

@@ -132,6 +132,8 @@ math500 = _competition("math500", "math500")
 aime24 = _competition("aime24", "aime24")
 amc23 = _competition("amc23", "amc23")
 
+from upslope.data import introspection as _introspection, optimization as _optimization, sql as _sql  # noqa: F401,E402
+
 try:  # the HumanEval task lives beside the sandbox
     import upslope.data.humaneval  # noqa: F401
 except ModuleNotFoundError as _exc:  # pragma: no cover

@@ -24,7 +24,8 @@ from upslope.rewards.user import load_user_function
 for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
              "upslope.rewards.judge", "upslope.rewards.process", "upslope.rewards.calibration",
              "upslope.rewards.arena", "upslope.rewards.diversity", "upslope.rewards.segments",
-             "upslope.rewards.reference_judge", "upslope.rewards.perplexity", "upslope.rewards.self_reward"):
+             "upslope.rewards.reference_judge", "upslope.rewards.perplexity", "upslope.rewards.self_reward",
+             "upslope.rewards.sql", "upslope.rewards.optimization", "upslope.rewards.introspection"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout

@@ -42,6 +42,7 @@ class Trajectory:
     hints: int = 0
     turns: int = 0
     tool_turns: list[tuple[int, int]] = field(default_factory=list)  # spans of model turns whose calls all ran
+    turn_parts: list[tuple[int, int, dict[str, float]]] = field(default_factory=list)  # model turns: span, parts
     done: bool = False
     truncated: bool = False
     last_turn: str = ""
@@ -170,6 +171,7 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     tr.last_turn = text
     if not ended and len(tr.ids) >= budget:  # out of tokens inside a turn: the trajectory ends unanswered
         tr.done = tr.truncated = True
+        tr.turn_parts.append((start, len(tr.ids), {}))
         return
     tr.history.append({"role": "assistant", "content": tr.prefill + text})
     calls_before, valid_before = tr.env.toolbox.calls, tr.env.toolbox.valid  # type: ignore[union-attr]
@@ -185,6 +187,7 @@ def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budg
     decay = run.cfg.hint_decay ** tr.hints
     for k, v in res.reward_parts.items():
         tr.parts[k] = tr.parts.get(k, 0.0) + decay * float(v)
+    tr.turn_parts.append((start, start + len(toks), {k: decay * float(v) for k, v in res.reward_parts.items()}))
     if res.hint and not run.guidance:  # unaided: the wrong answer stands
         tr.done = True
         return
@@ -237,6 +240,7 @@ def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[
             "completion": tr.last_turn, "transcript": run.tokenizer.decode(tr.ids, skip_special_tokens=False),
             "messages": list(tr.history),
             "reward_parts": dict(tr.parts), "completion_tokens": len(tr.ids), "max_new_tokens": max_new_tokens,
+            "turn_spans": [(a, b) for a, b, _ in tr.turn_parts], "turn_parts": [p for _, _, p in tr.turn_parts],
             "finish_reason": "length" if tr.truncated else "stop",
             "metrics": {"agent/turns": float(tr.turns), "agent/tool_calls": float(box.calls),
                         "agent/valid_tool_calls": float(box.valid),

@@ -144,7 +144,7 @@ def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     assert strip(rows(tmp_path / "straight")) == strip(rows(tmp_path / "split"))
 
 
-@pytest.mark.parametrize("recipe", ["dpo", "ipo", "simpo"])
+@pytest.mark.parametrize("recipe", ["dpo", "ipo", "simpo", "sro", "bro"])
 def test_recipes_run_two_steps(recipe, tiny_model_path, tmp_path):
     cfg = load_config(ROOT / "recipes" / f"{recipe}.yaml", tiny(tiny_model_path, tmp_path, *on_policy_args()))
     assert cfg.dpo.loss.name == {"dpo": "sigmoid"}.get(recipe, recipe) and cfg.dpo.source == "on_policy"

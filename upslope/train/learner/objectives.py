@@ -280,13 +280,14 @@ class DistillObjective(Objective):
 
 
 class PreferenceObjective(Objective):
-    """DPO, IPO, SimPO (a preference_loss plugin) over pair rows: micro-batches hold whole pairs;
+    """DPO, IPO, SimPO, SRO, BRO (a preference_loss plugin) over pair rows: micro-batches hold whole pairs;
     the per-pair outputs seen during the update become its preference metrics."""
 
     whole_groups = True
 
-    def __init__(self, loss_fn: Callable[..., Any]):
+    def __init__(self, loss_fn: Callable[..., Any], rewards: bool = False):
         self.loss_fn = loss_fn
+        self.rewards = rewards  # the loss takes the pairs' scalar rewards (SRO, BRO)
         self.seen = PairRecords()  # (loss output, policy log-probs) of each micro-batch's pairs
 
     def prepare(self, batch: Batch) -> Batch:
@@ -294,12 +295,12 @@ class PreferenceObjective(Objective):
         return batch
 
     def loss(self, out: ModelOutputs, mb: Batch, norms: Metrics) -> LossOutputs:
-        from upslope.train.methods.pair_batch import sequence_logps
+        from upslope.train.methods.pair_batch import pair_rewards, sequence_logps
 
         assert isinstance(out, HeadOutput)
         policy = sequence_logps(out.logprobs, mb)
         reference = sequence_logps(mb.ref_logprobs, mb) if mb.ref_logprobs is not None else None
-        pairs = self.loss_fn(policy, reference)
+        pairs = self.loss_fn(policy, reference, *([pair_rewards(mb)] if self.rewards else []))
         self.seen.add((on_host(pairs), on_host(policy)))
         # every row has >= 1 trained token (a reply ends with its end token), so pairs = rows / 2
         return LossOutputs(pairs.loss.sum() / max(norms["num_seqs"] / 2, 1.0), {})

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from upslope.algos.preference import PairLogps
+from upslope.algos.preference import PairLogps, PairRewards
 from upslope.batch import Batch, build_batch
 from upslope.errors import UpslopeError
 
@@ -62,6 +62,13 @@ def sequence_logps(token_logps: torch.Tensor, batch: Batch) -> PairLogps:
     seq = (token_logps * mask).sum(1)
     tokens = mask.sum(1)
     return PairLogps(seq[chosen], seq[rejected], tokens[chosen], tokens[rejected])
+
+
+def pair_rewards(batch: Batch) -> PairRewards:
+    """Each pair's chosen and rejected reward, pairs in the order of `sequence_logps`."""
+    assert batch.rewards is not None
+    chosen, rejected = pair_rows(batch.group_ids, batch.rewards)
+    return PairRewards(batch.rewards[chosen], batch.rewards[rejected])
 
 
 def completion_values(batch: Batch, values: Sequence[torch.Tensor]) -> torch.Tensor:

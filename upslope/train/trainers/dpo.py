@@ -41,7 +41,8 @@ class DPOTrainer(BaseTrainer):
 
     def setup_objective(self) -> None:
         # log-probs of the model's own distribution (temperature 1), whatever temperature sampled the pairs
-        self.objective = PreferenceObjective(self.loss_fn)
+        rewards = bool(PREFERENCE_LOSSES.get(self.cfg.dpo.loss.name).traits.rewards)
+        self.objective = PreferenceObjective(self.loss_fn, rewards=rewards)
         if self.needs_reference and self.uses_engine:
             self.updater.reference()
 
