@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("openai")  # the agent programs below use the OpenAI client
+
 from upslope.config import load_config
 from upslope.data.tasks import arith
 from upslope.errors import ConfigError, UpslopeError

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 
-import openai
 import pytest
 import torch
-from openai import OpenAI
+
+openai = pytest.importorskip("openai")
+from openai import OpenAI  # noqa: E402
 
 from upslope.agents.chat_render import ChatRenderer
 from upslope.agents.engine_queue import GenerationQueue

@@ -22,7 +22,7 @@ from upslope.rewards.user import load_user_function
 
 for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.reward_model",
              "upslope.rewards.judge", "upslope.rewards.process", "upslope.rewards.calibration",
-             "upslope.rewards.arena"):
+             "upslope.rewards.arena", "upslope.rewards.reasoning_gym"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout
