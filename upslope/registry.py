@@ -158,7 +158,8 @@ BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope
 BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # trees, decomposition
 BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
 BUILTIN_MODULES += ("upslope.logs.trackers",)  # experiment trackers (log.trackers)
-BUILTIN_MODULES += ("upslope.rollout.openai_agent", "upslope.rollout.unlocked")  # agent programs, turns not in lockstep
+BUILTIN_MODULES += ("upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
+                    "upslope.agents.gym_envs")  # gym-style text environments (SkyRL-gym)
 
 
 def load_builtins() -> None:
