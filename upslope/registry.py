@@ -159,7 +159,7 @@ BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.
 BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
 BUILTIN_MODULES += ("upslope.logs.trackers",)  # experiment trackers (log.trackers)
 BUILTIN_MODULES += ("upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
-                    "upslope.agents.gym_envs")  # gym-style text environments (SkyRL-gym)
+                    "upslope.agents.gym_envs", "upslope.agents.verifiers_env")  # SkyRL-gym, verifiers environments
 
 
 def load_builtins() -> None:

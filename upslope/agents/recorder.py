@@ -168,8 +168,9 @@ class Recorder:
             if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
                 with self._lock:
                     self.counts.limit_errors += 1
-                raise LimitReached(f"the conversation has {len(ids)} tokens, over the prompt limit of "
-                                   f"{self.max_prompt_tokens} (rollout.max_prompt_tokens)", "context_length_exceeded")
+                raise LimitReached(f"the conversation has {len(ids)} tokens, over the context length of "
+                                   f"{self.max_prompt_tokens} for a prompt (rollout.max_prompt_tokens)",
+                                   "context_length_exceeded")
             call = Call(ids, norm, tools_key, None, 0, [], prefill_text, self.max_tokens, True)
         return self._bounded(call, max_tokens)
 
@@ -182,8 +183,8 @@ class Recorder:
                 self.counts.limit_errors += 1
                 if call.row is not None:
                     call.row.truncated = True
-            raise LimitReached(f"the conversation is out of tokens: {used} of {self.max_tokens} after the prompt "
-                               f"(rollout.max_new_tokens)", "context_length_exceeded")
+            raise LimitReached(f"the conversation is out of tokens: {used} of the trajectory's context length of "
+                               f"{self.max_tokens} after the prompt (rollout.max_new_tokens)", "context_length_exceeded")
         limits = [left] + [x for x in (self.max_turn_tokens, requested) if x]
         call.max_tokens = min(limits)
         call.budget_cut = call.max_tokens == left
@@ -195,13 +196,17 @@ class Recorder:
         best = None
         for row in self.rows:
             k = len(row.messages)
-            if (row.tools_key == tools_key and not row.truncated and k < len(norm) and norm[:k] == row.messages
+            if (row.tools_key == tools_key and k < len(norm) and norm[:k] == row.messages
                     and (best is None or k > len(best.messages))):
                 best = row
         if best is None:
             if self.rows:
                 self.counts.context_rewrites += 1
             return None
+        if best.truncated:  # the conversation it extends is out of tokens: the trajectory ends there
+            self.counts.limit_errors += 1
+            raise LimitReached(f"the conversation is out of tokens: {len(best.ids)} of the trajectory's context length of "
+                               f"{self.max_tokens} after the prompt (rollout.max_new_tokens)", "context_length_exceeded")
         new = [template_message(m) for m in messages[len(best.messages):]]
         try:
             text = self.renderer.continuation(new, best.stop_text, prefill=prefill)

@@ -85,6 +85,8 @@ class PolicyServer:
         req = parse_request(body)
         try:
             call = session.recorder.prepare(req.messages, req.tools or None, req.prefill, req.max_tokens)
+        except LimitReached:
+            raise
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         except Exception as exc:  # a template that fails on these messages
