@@ -1,0 +1,28 @@
+"""The recipes of the agent program and the gym-style environment load and roll out a step on the tiny
+model: the python-tool program through rollout.kind=openai_agent (run from the project root, where the
+recipe names it), SkyRL-gym's gsm8k_multi_turn through multi_turn."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from upslope.config import load_config
+from upslope.data import load_examples
+from upslope.rollout.base import SamplingParams
+from upslope.train.collect import make_rollout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("recipe, package", [("openai_agent_python.yaml", "openai"), ("skyrl_gym_arith.yaml", "skyrl_gym")])
+def test_recipe_rolls_out(recipe, package, tmp_path, tiny_model_path, tokenizer, hf_engine, monkeypatch):
+    pytest.importorskip(package)
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(ROOT / "recipes" / recipe, [f"run_dir={tmp_path}", f"model.name={tiny_model_path}"])
+    examples = load_examples(cfg.data, "test")[:1]
+    params = SamplingParams(n=2, max_new_tokens=cfg.rollout.max_new_tokens, seed=0, stop_token_ids=[2])
+    batch = make_rollout(cfg, tokenizer)(hf_engine, [], examples, params, 2)
+    assert batch.size == 2 and int(batch.completion_lens.max()) <= cfg.rollout.max_new_tokens
+    names = {"openai_agent_python.yaml": {"correct", "tool"}, "skyrl_gym_arith.yaml": {"reward"}}[recipe]
+    assert all(set(m["reward_parts"]) == names for m in batch.meta)
