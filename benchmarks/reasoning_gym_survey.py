@@ -4,7 +4,8 @@ For each generator, `--prompts` held-out problems, `--n` samples each at tempera
 setting) through one engine started once; reports the mean verifier score, the accuracy (score >= 0.5,
 as upslope counts it), the share of problems with at least one right sample, and the share of groups
 whose rewards differ (what GRPO learns from), for the answer read from <answer> tags and, for
-comparison, from the tags or else the last line.
+comparison, from the tags or else the last line; with `--prefill "<answer>"` the reply starts inside the tag
+and the answer is its first line (extract first_line).
 
     python benchmarks/reasoning_gym_survey.py --out runs/rg_survey.json [--set engine.name=hf] leg_counting ...
 """
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--prefill", default="", help='text each reply starts with, e.g. "<answer>"')
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--set", action="append", default=[], help="a config override, e.g. --set engine.name=hf")
     a = ap.parse_args()
@@ -45,6 +47,7 @@ def main() -> None:
     results = {}
     for name in a.datasets:
         cfg = load_config(None, ["data.task=reasoning_gym", f"data.options.dataset={name}", "data.options.size=500",
+                                 f"data.options.prefill={a.prefill!r}",
                                  f"rollout.max_new_tokens={a.max_new_tokens}", "run_dir=/tmp/rg_survey", *extra])
         examples = load_examples(cfg.data.model_copy(update={"split": "test"}), "test")[:a.prompts]
         ids, kept = encode_prompts(examples, runtime.tokenizer)
@@ -54,7 +57,7 @@ def main() -> None:
                                                    stop_token_ids=runtime.stop_ids))
         seconds = time.perf_counter() - start
         row = {"seconds": round(seconds, 1), "prompts": len(examples)}
-        for extract in ("tag", "tag_or_last_line"):
+        for extract in (("first_line", "whole") if a.prefill else ("tag", "tag_or_last_line")):
             scores = [[reasoning_gym_reward(c.text, ex.answer, ex.meta, extract=extract) for c in group]
                       for ex, group in zip(examples, outs)]
             flat = [s for g in scores for s in g]

@@ -37,6 +37,9 @@ def test_the_generators_verifier_is_the_reward():
     assert reasoning_gym_reward(f"<answer>{wrong}</answer>", ex.answer, ex.meta) == 0.0
     assert reasoning_gym_reward(f"The total is\n{right}", ex.answer, ex.meta) == 0.0  # no tags
     assert reasoning_gym_reward(f"The total is\n{right}", ex.answer, ex.meta, extract="tag_or_last_line") == 1.0
+    # a reply prefilled with "<answer>" (data.options.prefill): the answer is what comes before the closing tag
+    assert reasoning_gym_reward(f" {right}</answer> because ...", ex.answer, ex.meta, extract="first_line") == 1.0
+    assert reasoning_gym_reward(f"{wrong}\n{right}", ex.answer, ex.meta, extract="first_line") == 0.0
     # a generator with its own scoring: word_sorting compares the sorted list, not the text
     [ws] = reasoning_gym_task(split="test", dataset="word_sorting", size=20, test_size=1)
     assert reasoning_gym_reward(f"<answer>{ws.answer}</answer>", ws.answer, ws.meta) == 1.0

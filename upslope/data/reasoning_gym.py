@@ -61,7 +61,7 @@ def _entries(dataset: str, config: dict[str, Any], seed: int, size: int) -> list
 @TASKS.register("reasoning_gym", reward="reasoning_gym", max_new_tokens=256, splits=("train", "test"))
 def reasoning_gym_task(*, split: str = "train", dataset: str = "leg_counting", size: PositiveCount = 2000,
                        test_size: PositiveCount = 200, seed: int = 0, config: dict[str, Any] | None = None,
-                       instruction: str = INSTRUCTION) -> list[Example]:
+                       instruction: str = INSTRUCTION, prefill: str = "") -> list[Example]:
     """A reasoning-gym generator's problems, scored by its own verifier; the test split shares no question with train.
 
     split: "train" or "test" (generated from another seed, without the training split's questions)
@@ -71,6 +71,7 @@ def reasoning_gym_task(*, split: str = "train", dataset: str = "leg_counting", s
     seed: random seed of the training split (the test split adds a fixed offset)
     config: the generator's own options (its config class's fields, e.g. {min_animals: 2, max_animals: 4})
     instruction: prompt template; {question} is the generator's question
+    prefill: text the reply starts with, e.g. "<answer>" (with the reward's extract=first_line: the answer is what follows)
     """
     if split not in ("train", "test"):
         raise DataError(f"data.split={split!r}: task 'reasoning_gym' has only the splits train, test")
@@ -92,5 +93,5 @@ def reasoning_gym_task(*, split: str = "train", dataset: str = "leg_counting", s
                                   "entry": {"question": e["question"], "answer": e["answer"],
                                             "metadata": e.get("metadata", {})}}}
         out.append(Example(prompt=instruction.format(question=e["question"].strip()), answer=e["answer"], meta=meta,
-                           id=f"rg-{dataset}-{tag}-{i}"))
+                           id=f"rg-{dataset}-{tag}-{i}", prefill=prefill))
     return out

@@ -15,9 +15,13 @@ _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 
 def extract_answer(completion: str, extract: str) -> str | None:
     """The answer a completion gives: `tag` the last <answer>...</answer> (None without one), `tag_or_last_line`
-    that or else the last non-empty line, `whole` the stripped completion."""
+    that or else the last non-empty line, `first_line` the text before the first </answer> or line break (for a
+    reply prefilled with "<answer>"), `whole` the stripped completion."""
     if extract == "whole":
         return completion.strip()
+    if extract == "first_line":
+        head = completion.split("</answer>")[0].strip()
+        return head.splitlines()[0].strip() if head else None
     found = _TAG.findall(completion)
     if found:
         return found[-1].strip()
@@ -29,10 +33,10 @@ def extract_answer(completion: str, extract: str) -> str | None:
 
 @REWARDS.register("reasoning_gym")
 def reasoning_gym_reward(completion: str, answer: Any, meta: dict, *,
-                         extract: Literal["tag", "tag_or_last_line", "whole"] = "tag") -> float:
+                         extract: Literal["tag", "tag_or_last_line", "first_line", "whole"] = "tag") -> float:
     """The reasoning-gym generator's verifier on the completion's answer (data.task=reasoning_gym).
 
-    extract: where the answer is read: tag (<answer>...</answer>, none: 0), tag_or_last_line, whole (the completion)
+    extract: where the answer is read: tag (<answer>...</answer>, none: 0), tag_or_last_line, first_line (before the first </answer> or line break: a reply prefilled with <answer>), whole (the completion)
     """
     rg = meta.get("reasoning_gym")
     if not isinstance(rg, dict) or "entry" not in rg:
