@@ -106,7 +106,7 @@ def test_a_command_program_gets_the_row_on_stdin_and_prints_its_reward(tmp_path,
 
 def test_program_failures_and_missing_programs_are_one_line(tmp_path, tiny_model_path, tokenizer, hf_engine):
     rollout, _ = rollout_for(tmp_path, tiny_model_path, tokenizer, agent=f"{tmp_path}/agents.py:broken")
-    with pytest.raises(UpslopeError, match=r"the agent failed on example arith-test-0 .*RuntimeError: the agent's own bug"):
+    with pytest.raises(UpslopeError, match=r"the agent failed on example arith-test-0: RuntimeError: the agent's own bug"):
         rollout(hf_engine, [], arith(split="test", count=1), PARAMS, 2)
     with pytest.raises(ConfigError, match="rollout.options.agent .* or rollout.options.command"):
         rollout_for(tmp_path, tiny_model_path, tokenizer)

@@ -130,3 +130,4 @@ def test_models_tool_calls_and_refusals(served):
     server.close_session(s)
     with pytest.raises(openai.NotFoundError, match="no open session"):
         client.chat.completions.create(model="x", messages=messages)
+

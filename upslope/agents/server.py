@@ -22,6 +22,14 @@ from upslope.agents.recorder import LimitReached, Recorder
 from upslope.rollout.base import SamplingParams
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per request, and a listen backlog for many agents connecting at once (the default, 5,
+    refused connections when 64 programs started together)."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+
 @dataclass
 class Session:
     """One trajectory's endpoint: its recorder and the sampling settings of its calls."""
@@ -44,8 +52,7 @@ class PolicyServer:
         self.model_name = model_name
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((host, port), _handler(self))
         self.host, self.port = self.httpd.server_address[:2]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="upslope-policy-server", daemon=True)
         self._thread.start()

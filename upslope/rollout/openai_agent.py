@@ -75,14 +75,11 @@ class AgentProgramRollout:
                                 max_batch=max(1, min(self.concurrency, len(examples) * params.n)))
         try:
             with PolicyServer(queue, self.renderer, self.tool_format, model_name=self.model_name) as server:
-                outcomes = self._run_all(server, queue, examples, params.n, per_call, group_offset)
+                outcomes, o = self._run_all(server, queue, examples, params.n, per_call, group_offset)
         finally:
             queue.close()
-        failed = [o for o in outcomes if o.error]
-        if failed:
-            o = failed[0]
-            raise UpslopeError(f"the agent failed on example {o.example.id or '?'} ({len(failed)} of {len(outcomes)} "
-                               f"trajectories failed): {o.error}")
+        if o is not None:
+            raise UpslopeError(f"the agent failed on example {o.example.id or '?'}: {o.error}")
         self._fill_parts(outcomes)
         self._note_rewrites(outcomes)
         rows = [(o, row) for o in outcomes for row in o.recorder.rows]
@@ -92,8 +89,8 @@ class AgentProgramRollout:
                            completion_loss_masks=[r.mask for _, r in rows])
 
     def _run_all(self, server: PolicyServer, queue: GenerationQueue, examples: Sequence[Example], n: int,
-                 params: SamplingParams, group_offset: int) -> list[Outcome]:
-        """Every trajectory's program run, `concurrency` at a time; after the first failure the others'
+                 params: SamplingParams, group_offset: int) -> tuple[list[Outcome], Outcome | None]:
+        """Every trajectory's program run, `concurrency` at a time, and the first to fail: after it the others'
         sessions close, so their programs stop at their next call."""
         outcomes = []
         for g, ex in enumerate(examples):
@@ -102,10 +99,20 @@ class AgentProgramRollout:
                                max_turn_tokens=self.max_turn_tokens, max_prompt_tokens=self.max_prompt_tokens,
                                on_rewrite=self.template_rewrites)
                 outcomes.append(Outcome(ex, group_offset + g, rec, server.open(rec, params)))
-        stop = threading.Event()
+        lock = threading.Lock()
+        first: list[Outcome] = []  # the first trajectory to fail (the others are then stopped)
+
+        def fail(o: Outcome, error: str) -> None:
+            with lock:
+                o.error = error if not first else f"stopped after another trajectory failed ({error})"
+                if first:
+                    return
+                first.append(o)
+            for other in outcomes:  # their programs stop at their next call
+                server.close_session(other.session)
 
         def run(o: Outcome) -> None:
-            if stop.is_set():
+            if first:
                 o.error = "not run: another trajectory failed first"
                 return
             queue.open_caller()
@@ -115,19 +122,16 @@ class AgentProgramRollout:
                 if o.recorder.counts.limit_errors and o.recorder.rows:  # it stopped on a limit: the trajectory ends there
                     o.ended_by_limit = True
                 else:
-                    o.error = str(exc) + (f" (the server {o.session.errors[0]})" if o.session.errors else "")
-                    stop.set()
-                    for other in outcomes:
-                        server.close_session(other.session)
+                    fail(o, str(exc) + (f" (the server {o.session.errors[0]})" if o.session.errors else ""))
             finally:
                 queue.close_caller()
                 server.close_session(o.session)
             if not o.error and not o.recorder.rows:
-                o.error = "the agent returned without calling the model"
+                fail(o, "the agent returned without calling the model")
 
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="upslope-agent") as pool:
             list(pool.map(run, outcomes))
-        return outcomes
+        return outcomes, (first[0] if first else None)
 
     @staticmethod
     def _fill_parts(outcomes: list[Outcome]) -> None:
