@@ -19,7 +19,7 @@ from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import make_rollout
+from upslope.rollout.plugin import make_rollout
 
 
 def main() -> None:

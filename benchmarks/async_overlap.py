@@ -20,7 +20,7 @@ from typing import Any
 
 from upslope.config import load_config
 from upslope.logs.plot import plot_timeline
-from upslope.train.api import run_trainer
+from upslope.launch import run_trainer
 
 
 def one_run(out: Path, staleness: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -236,7 +236,7 @@ def profile_update(p: Part, shape: str, size: list[str], overrides: list[str]) -
                              f"rollout.max_new_tokens={a.long_new_tokens}", f"rollout.prompts_per_step={a.long_prompts}",
                              f"rollout.n={a.long_n}", "algo.kl_coef=0", "train.steps=3", *a.override])
     learner = Updater.from_config(cfg, p.model(shape), device=p.device)
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     batch = learner_mfu.synthetic_batch(a.long_prompts, a.long_n, a.long_prompt_tokens, a.long_new_tokens,
                                         learner.model.config.vocab_size, pad_id=2, seed=0)
     learner.update(batch, 1, objective)  # warm-up
@@ -289,7 +289,7 @@ def part_fsdp(p: Part) -> None:
     import torch.distributed as dist
 
     from upslope.config import load_config
-    from upslope.dist import shard
+    from upslope.distributed import shard
     from upslope.models import load_model, make_tiny_model
     from upslope.train.learner.logprobs import token_scores
 

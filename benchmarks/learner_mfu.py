@@ -5,7 +5,7 @@ fp32 and bf16, with the learner's thread count (2 on this CPU machine by default
 Achieved: 6 x parameters x forwarded tokens / learner time, where forwarded tokens are all
 the tokens the learner runs through the model in one update (with `train.share_prompt`
 each group's prompt once plus every completion; without it every prompt + completion
-row), and the learner time is one `Learner.train_step` (forward, backward, AdamW step) on
+row), and the learner time is one `Updater.update` (forward, backward, AdamW step) on
 a synthetic batch with non-zero advantages. The 6N rule ignores attention FLOPs and
 counts the LM head at prompt positions, where upslope skips it: read the fraction as an
 approximation.
@@ -157,7 +157,7 @@ def run_cell(a: argparse.Namespace, model_path: str, shape: str, precision: str,
                              f"rollout.prompts_per_step={prompts}", f"rollout.n={n}", "algo.kl_coef=0",
                              f"train.steps={a.steps + a.warmup}", *(a.override or [])])
     learner = Updater.from_config(cfg, model_path, device=a.device)
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     params = sum(p.numel() for p in learner.model.parameters())
     vocab = learner.model.config.vocab_size
     batch = synthetic_batch(prompts, n, plen, clen, vocab, pad_id=2, seed=a.seed)

@@ -1,4 +1,4 @@
-"""Weight-sync cost of LoRA against full fine-tuning: what `Learner.named_weights()` yields
+"""Weight-sync cost of LoRA against full fine-tuning: what `Updater.named_weights()` yields
 (tensors, parameters) and how long building it and pushing it into the rollout engine take.
 
 Full fine-tuning pushes every parameter; LoRA pushes the merged blocks that hold an adapter

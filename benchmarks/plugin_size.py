@@ -39,12 +39,11 @@ LIMIT = 100
 KIND_BY_PATH = {"data.sampler": "sampler", "algo.replay": "replay", "algo.advantage": "advantage",
                 "algo.policy_loss": "policy_loss", "algo.filters": "filter", "algo.reward_combiner": "reward_combiner",
                 "algo.kl": "kl", "reward": "reward", "distill.loss": "distill_loss", "agent.env": "environment",
-                "randopt.consolidate": "consolidate", "rollout.kind": "rollout"}
+                "randopt.consolidate": "consolidate", "rollout.kind": "rollout", "algo.terms": "loss_term",
+                "algo.accept": "accept"}
 # methods whose mechanism is a hook of the loop switched on by a config section, not a registry name:
 # the module-level objects that implement it (method-specific wiring inside the loop is not counted)
 HOOKS = {
-    "mipu": ["upslope.algos.trust:proxy_parts", "upslope.algos.trust:improvement_proxy"],
-    "dcmdp": ["upslope.algos.trust:discrepancy", "upslope.algos.trust:DualController"],
     "flowtracer": ["upslope.train.learner.salience:attention_flow"],
     "grail": ["upslope.train.learner.salience:gradient_saliency"],
     "arca": ["upslope.train.learner.salience:adapter_residual"],

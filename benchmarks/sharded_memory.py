@@ -23,10 +23,11 @@ import torch
 
 from upslope.batch import Batch, build_batch
 from upslope.config import load_config
-from upslope.dist import group
-from upslope.dist.shard import plain
+from upslope.distributed import group
+from upslope.distributed.shard import plain
 from upslope.models import resolve_model
 from upslope.train.learner.objectives import RLObjective
+from upslope.train.trainers.rl import with_reference
 from upslope.train.learner.updater import Updater
 
 LEARNERS = {"1": ("1 process", 1, "ddp"), "ddp": ("2 ranks ddp", 2, "ddp"), "fsdp": ("2 ranks fsdp", 2, "fsdp")}
@@ -66,12 +67,16 @@ def run(path: str, strategy: str, rows: int, tokens: int, out: str, lora: bool =
                              f"algo.kl_coef={0.05 if kl else 0.0}"])
     torch.manual_seed(0)  # the same LoRA adapter initialisation in the one process as on rank 0
     updater = Updater.from_config(cfg, path, "cpu")
-    objective = RLObjective.from_config(cfg, updater)  # loads the reference with --kl
+    objective = RLObjective.from_config(cfg)
+    if objective.needs_reference:  # --kl
+        updater.reference()
     loaded_rss = peak_rss()
     grad_bytes: list[int] = []
     updater.optimizer.register_step_pre_hook(
         lambda *_: grad_bytes.append(local_bytes(p.grad for p in updater.model.parameters() if p.grad is not None)))
-    batch, times = objective.with_reference(rl_batch(rows, tokens))[0], []  # --kl: the reference's log-probs
+    batch, times = rl_batch(rows, tokens), []
+    if objective.needs_reference:  # --kl: the reference's log-probs
+        batch = with_reference(batch, updater, objective.temperature, kl_reward=None)[0]
     for step in range(1, steps + 1):
         start = time.perf_counter()
         updater.update(batch, step, objective)

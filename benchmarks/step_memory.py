@@ -77,7 +77,7 @@ def main() -> None:
         m = trainer.updater.update(batch, step, trainer.objective)
         rows.append(("update", time.perf_counter() - t, *probe.end("sync")))
         t = time.perf_counter()
-        trainer.sync_weights()
+        trainer.push_weights()
         rows.append(("sync", time.perf_counter() - t, *probe.end("collect")))
         skipped = m.get("learner/rows_skipped_frac")
         print(f"step {step}: reward {metrics.get('reward/mean', 0):.2f}, forwarded {m.get('learner/tokens', 0):.0f} "

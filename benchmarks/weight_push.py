@@ -12,7 +12,7 @@ import statistics
 import time
 
 from upslope.config import load_config
-from upslope.dist.ray_workers import put_weights, spawn_workers
+from upslope.distributed.ray_workers import put_weights, spawn_workers
 from upslope.models import load_model, load_tokenizer, resolve_model
 
 

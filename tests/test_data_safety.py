@@ -228,16 +228,25 @@ def _learner_and_batch(tiny_model_path: str, tmp_path: Path, limit: int = 3):
 
 
 def test_nonfinite_gradient_step_is_skipped_then_the_run_stops(tiny_model_path, tmp_path):
-    from upslope.train.learner.objectives import FunctionObjective
+    from upslope.train.learner.objectives import LossOutputs, Objective
+
+    class FunctionObjective(Objective):
+        """This test's objective: a plain function of the policy's log-probs."""
+
+        def __init__(self, fn):
+            self.fn = fn
+
+        def loss(self, out, mb, norms):
+            return LossOutputs(self.fn(out.logprobs, mb, norms), {})
 
     learner, b = _learner_and_batch(tiny_model_path, tmp_path)
     params = lambda: [p.detach().clone() for p in learner.model.parameters()]  # noqa: E731
 
-    def nan_loss(lp, ent, mb, norms):
-        return (lp * mb.loss_mask).sum() * math.nan, {}
+    def nan_loss(lp, mb, norms):
+        return (lp * mb.loss_mask).sum() * math.nan
 
-    def real_loss(lp, ent, mb, norms):
-        return -(lp * mb.advantages * mb.loss_mask).sum() / norms["num_tokens"], {}
+    def real_loss(lp, mb, norms):
+        return -(lp * mb.advantages * mb.loss_mask).sum() / norms["num_tokens"]
 
     before = params()
     out = learner.update(b, 1, FunctionObjective(nan_loss))

@@ -176,3 +176,63 @@ def test_training_code_reports_through_the_sinks_only():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                 offenders.append(f"{path.name}:{node.lineno}: print()")
     assert not offenders, offenders
+
+
+# The package's layers, lowest first: a module may import its own layer and the layers below it,
+# never one above (function-local imports included). A module's layer is that of the longest
+# prefix listed; every module must have one, so a new package has to be placed here.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("upslope.errors", "upslope.bounds", "upslope.yaml_strict", "upslope.fsutil", "upslope.config_base",
+              "upslope.config_schema", "upslope.config_commands", "upslope.registry", "upslope.plugins",
+              "upslope.config", "upslope.batch", "upslope.seeding", "upslope.hardware", "upslope.models",
+              "upslope.scalar_head", "upslope.logs", "upslope.rollout.base")),
+    ("plugins", ("upslope.data", "upslope.algos", "upslope.sandbox")),
+    ("rewards", ("upslope.rewards",)),
+    ("agents", ("upslope.agents",)),
+    ("rollout", ("upslope.rollout",)),
+    ("services", ("upslope.runtime", "upslope.lora", "upslope.checkpoint", "upslope.distributed")),
+    ("learner", ("upslope.train.learner", "upslope.train.methods")),
+    ("train", ("upslope.train", "upslope.eval")),
+    ("entry", ("upslope", "upslope.api", "upslope.launch", "upslope.cli", "upslope.eval.cli", "upslope.sweep",
+               "upslope.catalog", "upslope.doctor")),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the module's layer (longest listed prefix); -1 when none is listed."""
+    best, found = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), i
+    return found
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a higher layer, as 'a (layer) -> b (layer)'."""
+    out = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            if layer_of(b) > layer_of(a):
+                out.append(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    """The check itself: a core module importing the learner inside a function is an upward edge."""
+    graph = {"upslope.batch": {"upslope.train.learner.updater"}, "upslope.train.learner.updater": {"upslope.batch"}}
+    assert upward_edges(graph) == ["upslope.batch (core) -> upslope.train.learner.updater (learner)"]
+    assert layer_of("upslope.eval.cli") > layer_of("upslope.eval.runner") > layer_of("upslope.rollout.hf")
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in import_graph() if layer_of(m) < 0]
+    assert not missing, f"modules in no layer of LAYERS: {missing}"
+
+
+def test_layers_only_point_downward():
+    """core -> plugins (data, algos, sandbox -> rewards -> agents -> rollout) -> services (runtime, lora,
+    checkpoint, distributed) -> learner -> train (and eval) -> entry points: no module imports from a
+    layer above its own, at load time or inside a function."""
+    found = upward_edges(import_graph())
+    assert not found, f"{len(found)} upward imports:\n" + "\n".join(found)

@@ -17,7 +17,7 @@ def test_test_module_basenames_are_unique():
 
 def test_every_test_folder_is_collected(request):
     """No folder of tests is skipped by pytest's norecursedirs (its default skips any folder named
-    `dist`, which once hid tests/dist from every run)."""
+    `dist`, which once hid tests/dist, now tests/distributed, from every run)."""
     patterns = request.config.getini("norecursedirs")
     folders = {p.parent for p in TESTS.rglob("test_*.py")}
     hidden = [str(f.relative_to(TESTS)) for f in folders

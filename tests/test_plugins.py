@@ -64,7 +64,7 @@ def test_a_plugin_file_on_the_command_line_makes_its_name_valid(tmp_path, monkey
     assert cfg.algo.advantage.name == name and cfg.plugins == [str((tmp_path / "mine.py").resolve())]
     bound = ADVANTAGES.bind(name, cfg.algo.advantage.options)
     assert bound.keywords == {"scale": 2.0}
-    assert ADVANTAGES.get(name).attrs == {"grouped": True}
+    assert ADVANTAGES.get(name).shown_traits() == {"grouped": True}
 
 
 def test_a_recipe_names_plugin_files_relative_to_itself_and_modules_by_name(tmp_path, monkeypatch):
@@ -186,13 +186,13 @@ def test_a_user_sampler_is_chosen_by_data_sampler_with_its_options(tmp_path):
 
 
 def test_auto_takes_the_available_engine_with_the_lowest_rank():
-    from upslope.registry import Entry
+    from upslope.registry import EngineTraits, Entry
     from upslope.rollout.engines import auto_engine
     from upslope.rollout.hf import build_hf
 
-    entries = [Entry("fast", build_hf, "", {"auto_rank": 0, "requires": "no_such_engine_module_xyz"}),
-               Entry("plain", build_hf, "", {"auto_rank": 2}), Entry("manual", build_hf, "", {}),
-               Entry("second", build_hf, "", {"auto_rank": 1, "requires": "torch"})]
+    entries = [Entry("fast", build_hf, "", EngineTraits(auto_rank=0, requires="no_such_engine_module_xyz")),
+               Entry("plain", build_hf, "", EngineTraits(auto_rank=2)), Entry("manual", build_hf, "", EngineTraits()),
+               Entry("second", build_hf, "", EngineTraits(auto_rank=1, requires="torch"))]
     assert auto_engine(entries) == "second"
     assert auto_engine(entries[1:3]) == "plain"
     with pytest.raises(ConfigError, match=r"^engine.name=auto: no rollout engine is available \(auto picks among "
@@ -204,7 +204,7 @@ def test_auto_resolves_through_the_registry():
     cfg = load_config(None, ["engine.name=auto"])
     expected = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     assert engine_name(cfg.engine) == expected
-    assert ENGINES.get("vllm").attrs["auto_rank"] < ENGINES.get("hf").attrs["auto_rank"]
+    assert ENGINES.get("vllm").traits.auto_rank < ENGINES.get("hf").traits.auto_rank
 
 
 def test_a_user_engine_is_built_by_name_with_its_options(tmp_path, tiny_model_path, tokenizer):
@@ -266,9 +266,9 @@ def test_upslope_plugins_rejects_an_unknown_kind_in_one_line(capsys):
     status, out, err = run_cli(capsys, "plugins", "advantages")
     assert status == 2 and out == ""
     line = err.strip()
-    assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: advantage, "
-                           "consolidate, distill_loss, engine, environment, filter, kl, policy_loss, preference_loss, replay, reward, "
-                           "reward_combiner, ")
+    assert line.startswith("upslope: error: upslope plugins: unknown kind 'advantages'; known: accept, advantage, "
+                           "consolidate, distill_loss, engine, environment, filter, kl, loss_term, policy_loss, "
+                           "preference_loss, replay, reward, reward_combiner, ")
     assert "\n" not in line and ", sampler, task" in line
 
 

@@ -2,19 +2,25 @@
 signature (names and types), and the errors a typo produces."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import pytest
 
 from upslope.errors import ConfigError
-from upslope.registry import REGISTRIES, REWARDS, TASKS, Registry, load_builtins
+from upslope.registry import REGISTRIES, REWARDS, TASKS, Registry, Traits, load_builtins
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@dataclass(frozen=True)
+class WidgetTraits(Traits):
+    batched: bool = False  # takes every sample in one call
+
+
 @pytest.fixture
 def reg() -> Registry:
-    r: Registry = Registry("widget")
+    r: Registry = Registry("widget", WidgetTraits)
 
     @r.register("scale", batched=True)
     def scale(x: float, *, factor: float = 2.0, mode: Literal["up", "down"] = "up", count: int = 1,
@@ -34,9 +40,24 @@ def reg() -> Registry:
 def test_register_get_and_attrs(reg):
     entry = reg.get("scale")
     assert entry.doc == "Scale a number."
-    assert entry.attrs == {"batched": True}
+    assert entry.shown_traits() == {"batched": True}
     assert list(entry.options()) == ["factor", "mode", "count", "tags"]  # keyword-only only, not x
     assert reg.names() == ["noop", "scale"] and "scale" in reg and "nope" not in reg
+
+
+def test_traits_are_typed_fields_checked_when_registering(reg):
+    """A registry declares its traits: a misspelt trait or one of the wrong type is an error where the
+    plugin registers (never a silent False when read), and callers read attributes."""
+    from upslope.registry import ADVANTAGES
+
+    with pytest.raises(TypeError, match="widget 'x': unknown trait 'bached' \\(did you mean 'batched'\\?\\)"):
+        reg.register("x", bached=True)
+    with pytest.raises(TypeError, match="widget 'x': trait batched: Input should be a valid boolean"):
+        reg.register("x", batched="sometimes")
+    assert reg.get("scale").traits.batched is True and reg.get("noop").traits.batched is False
+    with pytest.raises(TypeError, match="salience='attention_flow' needs an option answer_tokens"):
+        ADVANTAGES.register("test_salience_without_answer", salience="attention_flow")(lambda batch, salience=None: 0)
+    assert ADVANTAGES.get("flowtracer").traits.salience == "attention_flow"
 
 
 def test_bind_applies_and_coerces_options(reg):
@@ -91,8 +112,8 @@ def test_builtin_rewards_and_tasks_are_registered():
     for name in ("integer", "exact", "format", "math"):
         assert REWARDS.get(name).name == name  # get() loads the built-in plugin modules lazily
     assert {"arith", "gsm8k", "math500", "aime24", "amc23"} <= set(TASKS.names())
-    assert TASKS.get("arith").attrs["reward"] == "integer"
-    assert TASKS.get("gsm8k").attrs["reward"] == "math"
+    assert TASKS.get("arith").traits.reward == "integer"
+    assert TASKS.get("gsm8k").traits.reward == "math"
 
 
 def test_builtin_plugin_option_types_are_checked():
@@ -123,6 +144,7 @@ UNBOUNDED = {
     "rollout:espo.fail_reward", "environment:answer.tool_bonus",  # rewards: a penalty is negative
     "rollout:espo.margin",  # a negative margin stops every completion past min_tokens
     "preference_loss:simpo.gamma",  # a target margin
+    "accept:mipu.min_gain",  # a threshold on the proxy, which has either sign
     "task:arith.seed",
 }
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # a type only: batch is below data in the layering
 
 _TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages", "old_logprobs",
                  "ref_logprobs", "values", "returns", "token_rewards", "teacher_logprobs", "teacher_topk_ids",
-                 "teacher_topk_logprobs")
-_SAMPLE_FIELDS = ("prompt_lens", "seq_lens", "group_ids", "rewards", "truncated", "policy_version")
+                 "teacher_topk_logprobs", "advantage_bonus")
+_SAMPLE_FIELDS = ("prompt_lens", "seq_lens", "group_ids", "rewards", "truncated", "policy_version", "reward_scale",
+                  "reward_override")
 
 
 @dataclass
@@ -46,6 +47,10 @@ class Batch:
     teacher_logprobs: torch.Tensor | None = None  # [N, L], distillation teacher's log-prob of each token
     teacher_topk_ids: torch.Tensor | None = None  # [N, L, K], the teacher's K most likely tokens at each position
     teacher_topk_logprobs: torch.Tensor | None = None  # [N, L, K], ... and their teacher log-probs
+    # what a rollout asks of the later stages for its samples (None: nothing asked)
+    reward_scale: torch.Tensor | None = None  # [N] multiplies the combined reward (e.g. a decay after guidance)
+    reward_override: torch.Tensor | None = None  # [N] replaces the combined reward where not NaN (ESPO's stop)
+    advantage_bonus: torch.Tensor | None = None  # [N, L] added to the advantage (the agent's interleaved SFT term)
     meta: list[dict[str, Any]] = field(default_factory=list)  # per-sample: answer, task fields, text
 
     @property

@@ -56,8 +56,14 @@ def type_name(ann: Any) -> str:
 
 def _portable(value: Any) -> Any:
     """A default that is a path inside the checkout's parent (e.g. ../shared/data) shown relative to the
-    checkout, so the generated docs are the same in every clone."""
+    checkout, and one inside $UPSLOPE_DATA_DIR as the same file of ../shared/data, so the generated
+    docs are the same in every clone and wherever the data sets are."""
+    from upslope.data.paths import shared_data_dir
+
     root = Path(__file__).resolve().parents[1]
+    data = str(shared_data_dir())
+    if isinstance(value, str) and value.startswith(data + os.sep):
+        return os.path.join("..", "shared", "data", os.path.relpath(value, data))
     if isinstance(value, str) and value.startswith(str(root.parent) + os.sep):
         return os.path.relpath(value, root)
     return value
@@ -65,7 +71,7 @@ def _portable(value: Any) -> Any:
 
 def traits_of(entry: Entry[Any]) -> str:
     """The registry flags the loop reads (e.g. zero_at_zero_advantage=True), as `k=v` text."""
-    shown = {k: getattr(v, "__name__", v) if callable(v) else v for k, v in entry.attrs.items()}
+    shown = {k: getattr(v, "__name__", v) if callable(v) else v for k, v in entry.shown_traits().items()}
     return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
 
 
@@ -98,7 +104,7 @@ def plugins_text(kind: str | None = None) -> str:
         for e in entries:
             user = "" if e.module.startswith("upslope.") else f" [{e.module}]"
             lines.append(f"  {e.name}: {e.summary() or '(no docstring)'}{user}")
-            if e.attrs:
+            if e.shown_traits():
                 lines.append(f"      traits: {traits_of(e)}")
             for o in options_of(e):
                 lines.append(f"      {o.name}: {o.type} = {o.default}" + (f"  # {o.help}" if o.help else ""))

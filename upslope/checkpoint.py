@@ -13,7 +13,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -21,10 +21,26 @@ import torch
 from upslope import lora
 from upslope.errors import UpslopeError
 from upslope.fsutil import atomic_directory
-from upslope.train.learner.finite import first_nonfinite
 
 MARKER = "COMPLETE"
 SHARDED = "sharded"  # a sharded learner's weights and optimiser state (torch.distributed.checkpoint)
+
+
+def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """Name of the first floating-point tensor holding NaN or inf (nested dicts/lists searched)."""
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+                return name
+        elif isinstance(value, dict):
+            found = first_nonfinite((f"{name}.{k}", v) for k, v in value.items())
+            if found:
+                return found
+        elif isinstance(value, (list, tuple)):
+            found = first_nonfinite((f"{name}[{i}]", v) for i, v in enumerate(value))
+            if found:
+                return found
+    return None
 
 
 def rng_state() -> dict[str, Any]:

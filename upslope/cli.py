@@ -157,15 +157,17 @@ def _dispatch(command: str, rest: list[str]) -> int:
         cfg = load_config(recipe, overrides)
         check_run_dir(Path(cfg.run_dir), resuming=True)
         return run_eval_command(cfg)
-    from upslope.train.api import TRAINERS
+    from upslope.launch import TRAINERS, RankFailed
 
     if command in TRAINERS:
-        recipe, overrides = _split_args(rest)
-        cfg = load_config(recipe, overrides)
-        check_run_dir(Path(cfg.run_dir), resuming=bool(cfg.train.resume))
-        from upslope.dist.launch import launch
+        from upslope.api import run
 
-        return launch(command, cfg, recipe, overrides)
+        recipe, overrides = _split_args(rest)
+        try:
+            run(command, recipe, overrides)
+        except RankFailed as exc:  # the rank printed its own line (or its traceback)
+            return 2 if exc.exit_code == 2 else 1
+        return 0
     if command == "export":
         force = "--force" in rest
         paths = [a for a in rest if a != "--force"]

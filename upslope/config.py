@@ -56,7 +56,8 @@ class EngineConfig(Section):
     max_num_seqs: int = opt(256, "most sequences the engine runs at once", ge=1)
     max_model_len: int | None = opt(None, "context length for the engine (default: prompt + max_new_tokens bound)")
     hf_batch_size: int = opt(64, "hf engine: prompts per generate call", ge=1)
-    seed: int = opt(0, "engine sampling seed (0 <= seed < 2**32)", **SEED_RANGE)
+    seed: int = opt(0, "engine sampling seed, mixed into every rollout's and evaluation's seed for every engine "
+                       "(0: the run's own seeds; 0 <= seed < 2**32)", **SEED_RANGE)
 
     @field_validator("tensor_parallel_size")
     @classmethod
@@ -100,8 +101,8 @@ class RolloutConfig(Section):
     prompts_per_step: int = opt(8, "prompts sampled per training step", ge=1)
     n: int = opt(8, "completions per prompt (the group size)", ge=1)
     temperature: float = opt(1.0, "sampling temperature", ge=0)
-    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
-    top_k: int = opt(0, "top-k sampling (0: off)", ge=0)
+    top_p: float = opt(1.0, "nucleus sampling mass (the learner scores the same truncated distribution)", gt=0, le=1)
+    top_k: int = opt(0, "top-k sampling, 0: off (the learner scores the same truncated distribution)", ge=0)
     max_new_tokens: int | None = opt(None, "most tokens generated per completion (default: the task's, "
                                               "e.g. arith 8, gsm8k 256, math500 512; 256 for data files)", ge=1)
     max_prompt_tokens: int | None = opt(None, "longest prompt in tokens; longer prompts are an error (or dropped "
@@ -119,21 +120,6 @@ class CorrectionConfig(Section):
     mask_low: float | None = opt(None, "reject tokens/sequences whose ratio is below this: not trained, not counted in the "
                                        "loss's normalisers (one extra no-grad forward with one update per batch)", gt=0)
     mask_high: float | None = opt(None, "reject tokens/sequences whose ratio is above this (as mask_low)", gt=0)
-
-
-class DiscrepancyConfig(Section):
-    """DCMDP: a Lagrange multiplier on the train/inference discrepancy (k3 vs the sampler), moved by dual ascent."""
-
-    init: float = opt(0.0, "the multiplier lambda at step 0", ge=0)
-    lr: float = opt(1.0, "dual ascent step: lambda += lr * (discrepancy - tolerance) after each step", gt=0)
-    tolerance: float = opt(1e-3, "discrepancy (k3 per token) the policy may keep for free: the tolerance region", ge=0)
-
-
-class AcceptConfig(Section):
-    """MIPU: keep an update only if the sampler-side proxy says the deployed policy improves."""
-
-    gap_coef: float = opt(1.0, "weight of the train/inference gap (k3 per token) subtracted in the proxy", ge=0)
-    min_gain: float = opt(0.0, "accept a candidate when its proxy exceeds this")
 
 
 class AlgoConfig(Section):
@@ -156,10 +142,10 @@ class AlgoConfig(Section):
                 "when pipeline.max_staleness > 0 and pipeline.stale_correction=clip, else learner")
     correction: CorrectionConfig | None = opt(None, "train/inference mismatch correction (TIS); None: off, "
                                                                  "except with stale samples (pipeline.stale_correction)")
-    discrepancy: DiscrepancyConfig | None = opt(None, "DCMDP: Lagrangian penalty on the train/inference "
-                                                "discrepancy; None: off")
-    accept: AcceptConfig | None = opt(None, "MIPU: veto an update whose sampler-side proxy does not improve; "
-                                      "None: off")
+    terms: list[Plugin] = opt([], "more terms of the RL loss, added in order after the policy loss and the "
+                                  "correction, e.g. dcmdp (registry: loss_term)", registry="loss_term")
+    accept: Plugin | None = opt(None, "a check that may veto each update (undone: weights and optimiser state), "
+                                      "e.g. mipu (registry: accept); None: off", registry="accept")
     mask_truncated: bool = opt(False, "train on nothing from completions cut at max_new_tokens (DAPO overlong filtering)")
     filters: list[Plugin] = opt([], "batch filters, e.g. nonzero_std for DAPO dynamic sampling", registry="filter")
     reward_combiner: Plugin = opt(Plugin(name="weighted_sum"), "how named reward components combine",
@@ -486,7 +472,7 @@ def _copies_policy(name: str, auto_name: str) -> bool:
     from upslope.registry import ENGINES
 
     try:
-        return bool(ENGINES.get(auto_name if name == "auto" else name).attrs.get("copies_policy"))
+        return bool(ENGINES.get(auto_name if name == "auto" else name).traits.copies_policy)
     except ConfigError:
         return False
 
@@ -517,8 +503,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return validate(raw, source=str(path) if path else "config")
 
 
+# options that became plugins: old spelling -> where it lives now
+MOVED = {
+    "discrepancy": "DCMDP is a loss term: algo.terms: [{name: dcmdp, options: {init: 0.0, lr: 1.0, tolerance: 0.001}}]",
+    "accept": "MIPU is an update check: algo.accept: {name: mipu, options: {gap_coef: 1.0, min_gain: 0.0}}",
+}
+
+
+def check_moved(raw: dict[str, Any], source: str) -> None:
+    """An option in its old place is one ConfigError line naming the new one."""
+    algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
+    if "discrepancy" in algo:
+        raise ConfigError(f"{source}: algo.discrepancy moved: {MOVED['discrepancy']}")
+    accept = algo.get("accept")
+    if isinstance(accept, dict) and "name" not in accept and {"gap_coef", "min_gain"} & set(accept):
+        raise ConfigError(f"{source}: algo.accept names a plugin now: {MOVED['accept']}")
+
+
 def validate(raw: dict[str, Any], source: str = "config") -> Config:
     """Validate `raw` into a Config (its `plugins` imported first) whose plugin names all exist."""
+    check_moved(raw, source)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as exc:
@@ -539,7 +543,7 @@ def check_idle_options(cfg: Config, source: str = "config") -> None:
     if a.kl_target is not None and not a.kl_coef:
         raise ConfigError(f"{source}: algo.kl_target needs algo.kl_coef > 0 (the adaptive coefficient starts there; "
                           f"with 0 no KL is computed at all)")
-    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).attrs.get("critic"):
+    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).traits.critic:
         raise ConfigError(f"{source}: critic options are set but algo.advantage '{a.advantage.name}' uses no critic "
                           f"(gae and sr_ppo do); drop them or pick a critic estimator")
 
@@ -589,7 +593,7 @@ def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
         return fallback
     from upslope.registry import TASKS
 
-    return int(TASKS.get(data.task, "data.task").attrs.get("max_new_tokens", fallback))
+    return int(TASKS.get(data.task, "data.task").traits.max_new_tokens or fallback)
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:

@@ -70,10 +70,7 @@ def doctor(out: Callable[[str], None] = print, import_timeout_s: float = 60.0) -
             vllm_line = f"{dist} {_version(dist)}: `import vllm` did not finish in {import_timeout_s:.0f} s"
     out(f"vllm     {vllm_line}")
     out(f"hf       transformers {_version('transformers')}: always available")
-    from upslope.sandbox.runner import bwrap_problem
-
-    problem = bwrap_problem()
-    out(f"sandbox  {'bubblewrap ' + (shutil.which('bwrap') or '') + ': works' if problem is None else problem}")
+    out(f"sandbox  {sandbox_line()}")
     out(f"ray      {'ray ' + str(_version('ray')) if importlib.util.find_spec('ray') else 'not installed (optional)'}")
     d = hardware.choose_defaults(replace(hw, vllm=vllm_ok))
     out(hardware.summary(d))
@@ -81,3 +78,14 @@ def doctor(out: Callable[[str], None] = print, import_timeout_s: float = 60.0) -
         out("  engine.name=auto uses the HF engine here (no working vLLM build)")
     out(f"({time.perf_counter() - started:.1f} s; explicit options always win: see upslope config options)")
     return 0
+
+
+def sandbox_line() -> str:
+    """Whether the code sandbox runs Python programs here (a real run), and how it limits memory;
+    or, in one line, why it cannot."""
+    from upslope.sandbox import Sandbox
+
+    sandbox = Sandbox()
+    if not sandbox.mode:
+        return f"cannot run code: {sandbox.problem}"
+    return f"bubblewrap {shutil.which('bwrap') or ''}: runs {sys.executable}; {sandbox.limits_summary()}"

@@ -26,3 +26,8 @@ class ModelError(UpslopeError):
 class EngineUnavailable(UpslopeError):
     """A rollout engine cannot run this model here (an architecture the engine's build lacks, or an
     engine that failed to start): `engine.name=auto` falls back to the next engine, an explicit name stops."""
+
+
+class SetupError(UpslopeError):
+    """This machine cannot do what the run asks (e.g. the code sandbox cannot start programs):
+    the run stops instead of scoring every sample as a failure."""

@@ -86,7 +86,7 @@ class AdapterOff:
     what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`, `config`."""
 
     def __init__(self, model: Any):
-        from upslope.dist.shard import ENTRY
+        from upslope.distributed.shard import ENTRY
 
         self.model = model
         sharded = getattr(model, ENTRY, None)  # an FSDP root gathers its weights only around this forward
@@ -115,7 +115,7 @@ class AdapterOff:
 def _merged(weight: torch.Tensor, layer: Any) -> torch.Tensor:
     """W + scale * B @ A of one adapted linear layer (one fused addmm, in fp32), in W's dtype; each
     operand gathered whole from its shards first when the model is FSDP-sharded."""
-    from upslope.dist.shard import plain
+    from upslope.distributed.shard import plain
 
     a, b = plain(layer.lora_A[ADAPTER].weight).float(), plain(layer.lora_B[ADAPTER].weight).float()
     weight = plain(weight)
@@ -133,7 +133,7 @@ def merged_weights(model: Any, main: bool = True) -> Iterator[tuple[str, torch.T
     `main` rank gets the tensors)."""
     from peft.tuners.lora import LoraLayer
 
-    from upslope.dist.shard import plain
+    from upslope.distributed.shard import plain
 
     modules = dict(model.get_base_model().named_modules())
     blocks = sorted({name.rpartition(".")[0] for name, m in modules.items() if isinstance(m, LoraLayer)})

@@ -8,7 +8,6 @@ import hashlib
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,13 +227,6 @@ def read_chat_template(value: str) -> str:
     return text
 
 
-@dataclass
-class LoadedModel:
-    path: str
-    model: Any  # transformers PreTrainedModel
-    tokenizer: Any
-
-
 def _check_model_config(path: str) -> None:
     """A config.json transformers refuses (a field of the wrong type, an unknown model type) is one
     ModelError naming the file and the first line of the reason."""
@@ -292,7 +284,7 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
                attn_implementation: str | None = None, empty: bool = False) -> Any:
     """The causal LM at `path` in `dtype`. With `empty` only its architecture: parameters on the
     meta device (no weight file is read), buffers computed as usual, tied weights tied; for a
-    learner rank that receives its weights from rank 0 (`upslope.dist.shard.shard_model`)."""
+    learner rank that receives its weights from rank 0 (`upslope.distributed.shard.shard_model`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     check_remote_code(path, trust_remote_code)

@@ -3,7 +3,10 @@
 Plugins are plain functions (or small classes). Their keyword-only parameters are their
 options: a config names a plugin and gives options, and `Registry.bind` checks the option
 names and types against the signature, so a typo in a recipe is an error, not a silent
-default.
+default. What the rest of the framework needs to know about a plugin (does an advantage
+compare within groups? does a reward need the whole round?) are its traits: each registry
+declares them as a dataclass (`AdvantageTraits`, ...), `register(name, **traits)` checks the
+names and types, and callers read `entry.traits.grouped`, never a string.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import difflib
 import functools
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -22,12 +25,110 @@ from upslope.errors import ConfigError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@dataclass(frozen=True)
+class Traits:
+    """A registry whose plugins declare no traits."""
+
+    def check(self, name: str, fn: Callable[..., Any]) -> None:
+        """Raise TypeError when the plugin cannot have these traits (e.g. a trait that needs an option)."""
+
+
+@dataclass(frozen=True)
+class AdvantageTraits(Traits):
+    grouped: bool = False  # compares completions within a group: needs rollout.n >= 2
+    critic: bool = False  # needs PPO's value model (batch.values) and returns (advantages, returns)
+    token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
+    whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
+    salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
+
+    def check(self, name: str, fn: Callable[..., Any]) -> None:
+        if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:
+            raise TypeError(f"advantage '{name}': salience={self.salience!r} needs an option answer_tokens "
+                            f"(the answer region the salience is measured against)")
+
+
+@dataclass(frozen=True)
+class PolicyLossTraits(Traits):
+    zero_at_zero_advantage: bool = False  # exactly 0, with 0 gradient, on a row whose advantage is 0
+    token_stats: bool = False  # takes this forward's entropy (and with top_k its top-k log-probs)
+    top_k: int = 0  # how many of the policy's most likely tokens it reads
+
+
+@dataclass(frozen=True)
+class RewardTraits(Traits):
+    batched: bool = False  # scores every sample of a round in one call
+    context: bool = False  # takes the run's RewardContext (tokenizer, engine)
+    whole_batch: bool = False  # uses statistics of the whole round: rounds cannot arrive in pieces
+    answer: Callable[..., Any] | None = None  # (answer, options) -> raises ValueError for an answer it cannot use
+    places_tokens: Callable[..., Any] | None = None  # (options) -> does it put rewards on tokens?
+
+
+@dataclass(frozen=True)
+class CombinerTraits(Traits):
+    linear: bool = False  # a weighted sum of the components (token rewards are its weighted parts)
+    whole_batch: bool = False  # uses statistics of the whole round
+
+
+@dataclass(frozen=True)
+class FilterTraits(Traits):
+    whole_batch: bool = False  # compares across the whole round
+
+
+@dataclass(frozen=True)
+class SamplerTraits(Traits):
+    examples: bool = False  # takes the training examples
+    extend: Callable[..., Any] | None = None  # (examples, data, **options) -> prompts it adds to the task's
+
+
+@dataclass(frozen=True)
+class TaskTraits(Traits):
+    reward: str | None = None  # the reward it is scored with by default
+    reward_options: dict[str, Any] = field(default_factory=dict)  # that reward's options
+    max_new_tokens: int | None = None  # its default rollout.max_new_tokens
+    splits: tuple[str, ...] | None = None  # the splits it has (None: any the source has)
+
+
+@dataclass(frozen=True)
+class RolloutTraits(Traits):
+    train_only: bool = False  # a training-time shaping of the samples: evaluation samples plainly instead
+    setup: Callable[..., Any] | None = None  # (cfg, tokenizer, evaluation) -> the rollout, built once per run
+
+
+@dataclass(frozen=True)
+class EngineTraits(Traits):
+    requires: str | None = None  # the module it needs installed
+    install: str | None = None  # how to install it
+    auto_rank: int | None = None  # engine.name=auto picks the lowest rank that is installed (None: never)
+    copies_policy: bool = False  # generates with a private copy of the policy's weights
+    model_check: Callable[..., Any] | None = None  # (model path) -> why it cannot run that model, or None
+
+
+@dataclass(frozen=True)
+class TrackerTraits(Traits):
+    package: str | None = None  # the package it needs installed
+
+
+@dataclass(frozen=True)
+class PreferenceLossTraits(Traits):
+    reference: bool = True  # needs the frozen reference's log-probs
+
+
 @dataclass
 class Entry(Generic[F]):
     name: str
     fn: F
     doc: str
-    attrs: dict[str, Any] = field(default_factory=dict)
+    traits: Any = field(default_factory=Traits)  # the registry's traits dataclass
+
+    def shown_traits(self) -> dict[str, Any]:
+        """The traits that differ from their default (what the plugin tables show)."""
+        out = {}
+        for f in fields(self.traits):
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            value = getattr(self.traits, f.name)
+            if value != default:
+                out[f.name] = value
+        return out
 
     @property
     def module(self) -> str:
@@ -74,15 +175,33 @@ REGISTRIES: dict[str, "Registry[Any]"] = {}
 
 
 class Registry(Generic[F]):
-    """A named table of plugins for one extension point."""
+    """A named table of plugins for one extension point, whose plugins declare `traits`."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, traits: type[Traits] = Traits):
         self.kind = kind
+        self.traits = traits
         self._entries: dict[str, Entry[F]] = {}
         REGISTRIES.setdefault(kind, self)
 
-    def register(self, name: str, **attrs: Any) -> Callable[[F], F]:
-        """Decorator: `@ADVANTAGES.register("grpo")`. `attrs` are free-form flags (e.g. batched=True)."""
+    def make_traits(self, name: str, given: dict[str, Any]) -> Traits:
+        """The registry's traits dataclass from `register`'s keywords: an unknown name or a wrong type is an error."""
+        known = {f.name: f for f in fields(self.traits)}
+        for key in given:
+            if key not in known:
+                near = difflib.get_close_matches(key, list(known), n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                raise TypeError(f"{self.kind} '{name}': unknown trait '{key}'{hint}; "
+                                f"known: {', '.join(known) or 'none'}")
+        try:
+            return TypeAdapter(self.traits).validate_python(given)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise TypeError(f"{self.kind} '{name}': trait {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
+        """Decorator: `@ADVANTAGES.register("grpo", grouped=True)`; the keywords are the plugin's traits
+        (the fields of this registry's traits dataclass)."""
+        checked = self.make_traits(name, traits)
 
         def deco(fn: F) -> F:
             old = self._entries.get(name)
@@ -91,8 +210,9 @@ class Registry(Generic[F]):
                     return fn
                 raise DuplicateNameError(f"{self.kind} '{name}' is registered twice (by {old.module} and by "
                                          f"{getattr(fn, '__module__', '?')}); pick another name")
+            checked.check(name, fn)
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
-            self._entries[name] = Entry(name, fn, doc, dict(attrs))
+            self._entries[name] = Entry(name, fn, doc, checked)
             return fn
 
         return deco
@@ -151,15 +271,15 @@ _BUILTINS_LOADED = False
 # the registries, so they import this module; none may import upslope.config at load time
 # (config consults the registries: tests/test_import_graph.py checks both).
 BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "upslope.data.samplers",
-                   "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.shaping", "upslope.train.stages",
-                   "upslope.agents")
-BUILTIN_MODULES += ("upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",
-                    "upslope.algos.credit_critic", "upslope.algos.credit_salience")  # token credit
-BUILTIN_MODULES += ("upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose")  # trees, decomposition
-BUILTIN_MODULES += ("upslope.algos.weight_search",)  # consolidation of weight perturbations (upslope randopt)
-BUILTIN_MODULES += ("upslope.logs.trackers",)  # experiment trackers (log.trackers)
-BUILTIN_MODULES += ("upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
-                    "upslope.agents.gym_envs", "upslope.agents.verifiers_env")  # SkyRL-gym, verifiers environments
+                   "upslope.rollout.hf", "upslope.rollout.paged", "upslope.rollout.vllm", "upslope.rollout.plugin",
+                   "upslope.rollout.multi_turn", "upslope.rollout.shaping", "upslope.agents",
+                   "upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",  # token credit
+                   "upslope.algos.credit_critic", "upslope.algos.credit_salience",
+                   "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
+                   "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
+                   "upslope.logs.trackers",  # experiment trackers (log.trackers)
+                   "upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
+                   "upslope.agents.gym_envs", "upslope.agents.verifiers_env")  # SkyRL-gym, verifiers environments
 
 
 def load_builtins() -> None:
@@ -178,21 +298,23 @@ def load_builtins() -> None:
                 raise
 
 
-ADVANTAGES: Registry = Registry("advantage")
-POLICY_LOSSES: Registry = Registry("policy_loss")
+ADVANTAGES: Registry = Registry("advantage", AdvantageTraits)
+POLICY_LOSSES: Registry = Registry("policy_loss", PolicyLossTraits)
 KL_ESTIMATORS: Registry = Registry("kl")
-REWARDS: Registry = Registry("reward")
-REWARD_COMBINERS: Registry = Registry("reward_combiner")
-FILTERS: Registry = Registry("filter")
-SAMPLERS: Registry = Registry("sampler")
-TASKS: Registry = Registry("task")
-ROLLOUTS: Registry = Registry("rollout")
-ENGINES: Registry = Registry("engine")
+REWARDS: Registry = Registry("reward", RewardTraits)
+REWARD_COMBINERS: Registry = Registry("reward_combiner", CombinerTraits)
+FILTERS: Registry = Registry("filter", FilterTraits)
+SAMPLERS: Registry = Registry("sampler", SamplerTraits)
+TASKS: Registry = Registry("task", TaskTraits)
+ROLLOUTS: Registry = Registry("rollout", RolloutTraits)
+ENGINES: Registry = Registry("engine", EngineTraits)
 DISTILL_LOSSES: Registry = Registry("distill_loss")
-PREFERENCE_LOSSES: Registry = Registry("preference_loss")
+PREFERENCE_LOSSES: Registry = Registry("preference_loss", PreferenceLossTraits)
 ENVIRONMENTS: Registry = Registry("environment")
 TOOLS: Registry = Registry("tool")
 TOOL_FORMATS: Registry = Registry("tool_format")
 REPLAY: Registry = Registry("replay")
+LOSS_TERMS: Registry = Registry("loss_term")
+ACCEPTS: Registry = Registry("accept")
 CONSOLIDATORS: Registry = Registry("consolidate")
-TRACKERS: Registry = Registry("tracker")
+TRACKERS: Registry = Registry("tracker", TrackerTraits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_helpers import ECHO, echo_config
-from upslope.agents import AgentRun, multi_turn
+from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.data.tasks import arith
 from upslope.rollout.base import SamplingParams
 

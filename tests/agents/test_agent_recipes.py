@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from upslope.agents import AgentRun, multi_turn
+from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.rollout.base import SamplingParams

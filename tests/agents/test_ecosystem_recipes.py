@@ -11,7 +11,7 @@ import pytest
 from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.rollout.base import SamplingParams
-from upslope.train.collect import make_rollout
+from upslope.rollout.plugin import make_rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("skyrl_gym")
 
-from upslope.agents import AgentRun, multi_turn  # noqa: E402
+from upslope.rollout.multi_turn import AgentRun, multi_turn  # noqa: E402
 from upslope.config import AgentConfig, Plugin  # noqa: E402
 from upslope.data.tasks import arith  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402

@@ -10,10 +10,14 @@ import torch
 
 from upslope.algos.aggregate import loss_normalizers
 from upslope.algos.advantages import grpo
+from upslope.algos.kl import kl_penalty_in_reward
 from upslope.config import load_config
 from upslope.train import stages
+from upslope.registry import KL_ESTIMATORS
+from upslope.train.learner.logprobs import HeadOutput
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.learner.updater import Updater
+from upslope.train.trainers.rl import with_reference
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,7 @@ def learner(tiny_model_path, tmp_path_factory):
                              "algo.kl_coef=0.1", "algo.kl_in=loss", "algo.entropy_coef=0.01",
                              "algo.correction={level: token, cap: 2.0}", "train.updates_per_batch=1"])
     updater = Updater.from_config(cfg, tiny_model_path, "cpu")
-    return updater, RLObjective.from_config(cfg, updater)
+    return updater, RLObjective.from_config(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,7 @@ def scored(agent_batch, learner):
     updater, objective = learner
     batch = replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0]))
     batch = stages.advantage(batch, grpo)
-    batch, _ = objective.with_reference(batch)
+    batch, _ = with_reference(batch, updater, objective.temperature, kl_reward=None)
     return batch
 
 
@@ -50,7 +54,8 @@ def env_positions(batch) -> torch.Tensor:
 def loss_and_grads(objective, batch, lp, ent):
     lp = lp.detach().clone().requires_grad_(True)
     ent = ent.detach().clone().requires_grad_(True)
-    loss, metrics = objective.loss(lp, ent, batch, loss_normalizers(batch.loss_mask), None)
+    out = objective.loss(HeadOutput(lp, ent), batch, loss_normalizers(batch.loss_mask))
+    loss, metrics = out.loss, out.metrics
     loss.backward()
     return loss.detach(), metrics, lp.grad, ent.grad
 
@@ -92,9 +97,9 @@ def test_kl_in_the_reward_and_advantages_skip_environment_tokens(scored, learner
     env = env_positions(scored)
     noisy = env.float() * 5.0
     base = replace(scored, old_logprobs=scored.sampler_logprobs)
-    a, kl_a = stages.kl_penalty_in_reward(base, objective.kl_fn, 0.1)
-    b, kl_b = stages.kl_penalty_in_reward(replace(base, old_logprobs=base.old_logprobs + noisy,
-                                                  ref_logprobs=base.ref_logprobs - noisy), objective.kl_fn, 0.1)
+    a, kl_a = kl_penalty_in_reward(base, KL_ESTIMATORS.bind("k3"), 0.1)
+    b, kl_b = kl_penalty_in_reward(replace(base, old_logprobs=base.old_logprobs + noisy,
+                                                  ref_logprobs=base.ref_logprobs - noisy), KL_ESTIMATORS.bind("k3"), 0.1)
     assert torch.equal(a.rewards, b.rewards) and torch.equal(a.token_rewards, b.token_rewards) and kl_a == kl_b
     assert (a.token_rewards[env] == 0).all()
     assert (scored.advantages[env] == 0).all() and (scored.advantages[scored.loss_mask > 0] != 0).any()

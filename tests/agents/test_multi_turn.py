@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from upslope.agents import AgentRun, multi_turn
+from batch_helpers import score_and_check
+
+from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.config import AgentConfig, Plugin, RewardSpec
 from upslope.data.tasks import arith
 from upslope.registry import REWARD_COMBINERS
@@ -89,7 +91,7 @@ def test_groups_and_env_reward_through_the_reward_stage(agent_batch):
     batch, _ = agent_batch
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
     combiner = REWARD_COMBINERS.bind("weighted_sum")
-    scored, _ = stages.reward(batch, build_reward_fns([RewardSpec(name="env")]), combiner, 0.0)
+    scored, _ = score_and_check(batch, build_reward_fns([RewardSpec(name="env")]), combiner, 0.0)
     parts = torch.tensor([m["reward_parts"]["correct"] for m in batch.meta])
     assert torch.equal(scored.reward_components["env/correct"], parts)
     assert torch.equal(scored.rewards, parts)

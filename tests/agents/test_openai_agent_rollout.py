@@ -20,7 +20,7 @@ from upslope.rewards import build_reward_fns
 from upslope.registry import REWARD_COMBINERS
 from upslope.rollout.base import SamplingParams
 from upslope.train import stages
-from upslope.train.collect import make_rollout
+from upslope.rollout.plugin import make_rollout
 
 PARAMS = SamplingParams(n=3, temperature=1.0, max_new_tokens=48, seed=2, stop_token_ids=[2])
 

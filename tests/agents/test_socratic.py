@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from upslope.agents import AgentRun, multi_turn
+from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.agents.socratic import arith_critique, arith_guidance
 from upslope.config import load_config
 from upslope.data import load_examples

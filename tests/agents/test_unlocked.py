@@ -9,7 +9,8 @@ import time
 import torch
 
 from agent_helpers import ECHO, echo_config
-from upslope.agents import AgentRun, Environment, StepResult
+from upslope.agents import Environment, StepResult
+from upslope.rollout.multi_turn import AgentRun
 from upslope.config import AgentConfig, Plugin
 from upslope.data.tasks import arith
 from upslope.registry import ENVIRONMENTS

@@ -15,7 +15,7 @@ from upslope.config import load_config  # noqa: E402
 from upslope.data import load_examples  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402
 from upslope.rollout.base import SamplingParams  # noqa: E402
-from upslope.train.collect import make_rollout  # noqa: E402
+from upslope.rollout.plugin import make_rollout  # noqa: E402
 from upslope.train.learner.logprobs import token_logprobs  # noqa: E402
 
 # an environment written as the verifiers documentation shows: a dataset, a rubric of reward functions,

@@ -70,10 +70,10 @@ def bind_loss(name: str, options: dict | None = None):
 
     from upslope.registry import POLICY_LOSSES
 
-    fn, attrs = POLICY_LOSSES.bind(name, options), POLICY_LOSSES.get(name).attrs
-    if not attrs.get("token_stats"):
+    fn, traits = POLICY_LOSSES.bind(name, options), POLICY_LOSSES.get(name).traits
+    if not traits.token_stats:
         return fn
-    k = int(attrs.get("top_k", 2))
+    k = traits.top_k or 2
 
     def with_stats(lp, old, adv, mask, **kw):
         stats = {"entropy": torch.full_like(lp, 0.2), "topk_logprobs": torch.full((*lp.shape, k), -math.log(k))}
@@ -90,6 +90,6 @@ def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
     from upslope.registry import ADVANTAGES
 
     fn = ADVANTAGES.bind(name)
-    if ADVANTAGES.get(name).attrs.get("salience"):
+    if ADVANTAGES.get(name).traits.salience:
         fn = functools.partial(fn, salience=torch.rand(batch.input_ids.shape, generator=generator))
     return fn

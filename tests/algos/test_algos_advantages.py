@@ -133,7 +133,7 @@ def test_every_estimator_is_zero_off_the_loss_mask(b, seed):
     b.reward_components = {"x": b.rewards * 2, "y": torch.randn(b.size, generator=g)}
     for name in ADVANTAGES.names():
         adv = bind_advantage(name, b, g)(b)
-        if ADVANTAGES.get(name).attrs.get("critic"):
+        if ADVANTAGES.get(name).traits.critic:
             adv, ret = adv
             assert torch.all(ret[b.loss_mask == 0] == 0) and torch.isfinite(ret).all(), name
         assert adv.dtype == torch.float32, name

@@ -1,5 +1,7 @@
 """Traits declared at registration (grouped, critic, whole_batch) and how the loop and the stages read
 them: no advantage name is checked anywhere outside the registry."""
+from dataclasses import replace
+
 import pytest
 import torch
 from algos_strategies import make_batch
@@ -14,8 +16,8 @@ from upslope.train.trainers.rl import check_config, stream_blocker
 
 
 def test_advantage_traits_are_declared_at_registration():
-    grouped = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("grouped")}
-    critic = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("critic")}
+    grouped = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.grouped}
+    critic = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.critic}
     assert grouped >= {"grpo", "dr_grpo", "rloo", "gdpo"} and "reinforce_pp" not in grouped
     assert critic >= {"gae"} and not critic & grouped
 
@@ -38,7 +40,7 @@ def test_batch_level_steps_declare_the_whole_batch_trait():
     GDPO's batch normalisation (and what builds on it), ReCal's per-dataset scale, SAW's batch
     coefficients of variation, DARTS's longest completion; group-local estimators do not."""
     def whole(registry):
-        return {n for n in registry.names() if registry.get(n).attrs.get("whole_batch")}
+        return {n for n in registry.names() if registry.get(n).traits.whole_batch}
     assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo"}
     assert whole(REWARD_COMBINERS) == {"saw"} and whole(FILTERS) == {"darts"}
 
@@ -76,7 +78,7 @@ def test_a_user_plugin_with_the_trait_is_not_streamed():
 def test_a_critic_advantage_sets_advantages_and_returns_once():
     b = make_batch([[1.0], [0.0]], comp_lens=[3, 2], prompt_lens=[1, 2])
     g = torch.Generator().manual_seed(0)
-    b = stages.values_and_returns(b, torch.randn(b.input_ids.shape, generator=g))
+    b = replace(b, values=torch.randn(b.input_ids.shape, generator=g))
     assert b.returns is None  # storing the critic's values computes nothing else
     b = stages.advantage(b, ADVANTAGES.bind("gae", {"gamma": 0.9, "lam": 0.8, "whiten": False}))
     adv, ret = gae_advantages_and_returns(last_token_rewards(b.rewards, b.loss_mask), b.values, b.loss_mask,

@@ -157,7 +157,7 @@ def test_codapo_weight_is_bounded_and_ispo_only_lowers_wrong_rollouts(b, w_min, 
 
 def test_registered_as_grouped_and_bad_options_are_config_errors():
     for name in ("ah_grpo", "rredcot", "graphae", "consteer", "ispo", "codapo"):
-        assert ADVANTAGES.get(name).attrs.get("grouped") is True
+        assert ADVANTAGES.get(name).traits.grouped is True
     b = batch_of([1.0, 0.0], [[-1.0], [-1.0]])
     for fn, bad in ((ah_grpo, {"alpha": -1}), (rredcot, {"segment_len": 0}), (graphae, {"lam": 2}),
                     (consteer, {"beta": -1}), (ispo, {"tau": 1.0}), (codapo, {"w_min": 3.0})):

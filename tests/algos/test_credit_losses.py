@@ -50,8 +50,8 @@ def test_decision_mask_is_in_unit_interval(weights, top_p):
 
 
 def test_paec_is_registered_for_token_stats_and_checks_inputs():
-    attrs = POLICY_LOSSES.get("paec").attrs
-    assert attrs["token_stats"] is True and attrs["top_k"] == 20 and not attrs.get("zero_at_zero_advantage")
+    traits = POLICY_LOSSES.get("paec").traits
+    assert traits.token_stats is True and traits.top_k == 20 and not traits.zero_at_zero_advantage
     assert set(POLICY_LOSSES.get("paec").options()) == {"coef", "h_min", "top_p", "eps_low", "eps_high"}
     x = torch.zeros(1, 2)
     with pytest.raises(ConfigError):

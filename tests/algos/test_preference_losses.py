@@ -49,8 +49,8 @@ def test_simpo_hand_example_is_reference_free():
 
 
 def test_losses_needing_a_reference_say_so():
-    assert PREFERENCE_LOSSES.get("sigmoid").attrs["reference"] and PREFERENCE_LOSSES.get("ipo").attrs["reference"]
-    assert not PREFERENCE_LOSSES.get("simpo").attrs["reference"]
+    assert PREFERENCE_LOSSES.get("sigmoid").traits.reference and PREFERENCE_LOSSES.get("ipo").traits.reference
+    assert not PREFERENCE_LOSSES.get("simpo").traits.reference
     with pytest.raises(ConfigError, match="needs reference"):
         sigmoid(pairs(-1, -2), None)
 

@@ -309,6 +309,12 @@ def test_doctor_reports_this_machine(capsys, monkeypatch, tmp_path):
     assert fp32 > 0 and bf16 > 0
     assert ("importable" in lines["vllm"]) == hw.vllm or "fails" in lines["vllm"]
     assert "sandbox" in lines and "ray" in lines
+    from upslope.sandbox import bwrap_problem
+
+    if bwrap_problem() is None:  # a real run: the interpreter starts, and how memory is limited
+        assert f"runs {sys.executable}" in lines["sandbox"] and "memory_mb=1024 per process" in lines["sandbox"]
+    else:
+        assert lines["sandbox"].startswith("sandbox  cannot run code: ")
     d = choose_defaults(replace(hw, rates=Rates(fp32, bf16)))
     assert f"train.precision={d.precision}" in lines["auto:"] and f"engine.name={d.engine_name}" in lines["auto:"]
 

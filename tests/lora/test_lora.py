@@ -153,7 +153,7 @@ def learner(tiny_model_path, *extra: str) -> tuple[Updater, RLObjective]:
                              "train.precision=float32", "train.micro_batch_tokens=64", *extra])
     torch.manual_seed(0)
     updater = Updater.from_config(cfg, tiny_model_path, "cpu")
-    return updater, RLObjective.from_config(cfg, updater)
+    return updater, RLObjective.from_config(cfg)
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from upslope import lora
+from upslope.rollout.plugin import single_turn
 from upslope.cli import main
 from upslope.config import load_config
 from upslope.data.types import Example
@@ -143,19 +144,19 @@ def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
                              *([] if targets == "all" else [f"lora.target_modules=[{targets}]"])])
     torch.manual_seed(0)
     learner = Updater.from_config(cfg, tiny_model_path, "cpu")
-    objective = RLObjective.from_config(cfg, learner)
+    objective = RLObjective.from_config(cfg)
     questions = ["What is 3 * 4?", "Name a colour.", "Count to three.", "Say hi."]
     prompts = encode_chat(questions)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=1)
     pad = tokenizer.pad_token_id
     with restore_weights(engine):
-        batch = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
+        batch = single_turn(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
         batch.rewards = torch.tensor([len(m["completion"]) / 10.0 for m in batch.meta])
         batch = stages.advantage(batch, ADVANTAGES.bind("grpo"))
         learner.update(batch, 1, objective)
 
         def gap() -> float:
-            b = stages.rollout(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
+            b = single_turn(engine, prompts, [Example(prompt=q) for q in questions], params, pad)
             return float(((learner.logprobs(b, temperature=1.0) - b.sampler_logprobs).abs() * b.loss_mask).sum() / b.loss_mask.sum())
 
         stale = gap()

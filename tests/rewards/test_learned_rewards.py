@@ -19,7 +19,7 @@ from upslope.rewards.context import RewardContext
 from upslope.rewards.judge import judge_backend, parse_score
 from upslope.rewards.process import aggregate_steps, split_steps
 from upslope.rewards.reward_model import RunningStats, normalize_scores
-from upslope.train.learner.scalar import load_scalar_model
+from upslope.scalar_head import load_scalar_model
 
 
 @pytest.fixture(scope="module")

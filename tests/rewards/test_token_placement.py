@@ -4,10 +4,15 @@ returns of gae and reinforce_pp at every token of a hand-computed case, and the 
 error for an estimator or combiner that cannot take token rewards."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from batch_helpers import score_and_check
 
 from upslope.batch import build_batch
 from upslope.cli import main
@@ -30,7 +35,7 @@ def scored(tokenizer, texts, specs, metas=None):
     batch = build_batch([[1, 2]] * len(texts), comps, [[0.0] * len(c) for c in comps], list(range(len(texts))),
                         [False] * len(texts), tokenizer.pad_token_id,
                         meta=[{"answer": None, "completion": t, **m} for t, m in zip(texts, metas)])
-    return stages.reward(batch, build_reward_fns(specs), REWARD_COMBINERS.bind("weighted_sum"), 0.0,
+    return score_and_check(batch, build_reward_fns(specs), REWARD_COMBINERS.bind("weighted_sum"), 0.0,
                          tokenizer=tokenizer)
 
 
@@ -80,7 +85,7 @@ def test_token_rewards_advantages_and_returns_by_hand(tokenizer):
     # deltas r + V' - V from position 7 back: 0.5, 0.5, 0, 0, 0.5, 0;
     # A = delta + 0.5 A': 0.5, 0.75, 0.375, 0.1875, 0.59375, 0.296875; returns = A + 0.5
     values = batch.loss_mask * 0.5
-    out = stages.advantage(stages.values_and_returns(batch, values),
+    out = stages.advantage(replace(batch, values=values),
                            ADVANTAGES.bind("gae", {"gamma": 1.0, "lam": 0.5, "whiten": False}))
     assert out.advantages[0].tolist() == pytest.approx([0, 0, 0.296875, 0.59375, 0.1875, 0.375, 0.75, 0.5])
     assert out.returns[0].tolist() == pytest.approx([0, 0, 0.796875, 1.09375, 0.6875, 0.875, 1.25, 1.0])
@@ -97,13 +102,14 @@ def test_scaled_overridden_and_unplaceable_samples(tokenizer):
     """reward_scale scales the placed parts too; an overridden reward, and a text that is not its ids'
     decoding, keep the whole reward on the last trained token (the latter counted)."""
     texts = ["ok\nok", "ok\nok", "ok\nok"]
-    metas = [{"reward_scale": 0.5}, {"reward_override": -1.0}, {}]
     comps = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
     batch = build_batch([[1]] * 3, comps, [[0.0] * len(c) for c in comps], [0, 1, 2], [False] * 3,
-                        tokenizer.pad_token_id, meta=[{"answer": None, "completion": t, **m}
-                                                      for t, m in zip(["ok\nok", "ok\nok", "ok\n ok"], metas)])
+                        tokenizer.pad_token_id, meta=[{"answer": None, "completion": t}
+                                                      for t in ["ok\nok", "ok\nok", "ok\n ok"]])
+    batch = replace(batch, reward_scale=torch.tensor([0.5, 1.0, 1.0]),
+                    reward_override=torch.tensor([math.nan, -1.0, math.nan]))
     [fn] = build_reward_fns([RewardSpec(name="process", options=PROCESS)])
-    out, metrics = stages.reward(batch, [fn], REWARD_COMBINERS.bind("weighted_sum"), 0.0, tokenizer=tokenizer)
+    out, metrics = score_and_check(batch, [fn], REWARD_COMBINERS.bind("weighted_sum"), 0.0, tokenizer=tokenizer)
     # tokens: <prompt> ok \n ok <end>; the third row's text has a space its ids do not
     assert out.rewards.tolist() == [1.0, -1.0, 2.0]
     assert out.token_rewards.tolist() == [[0, 0, 0.5, 0.5, 0], [0, 0, 0, 0, -1.0], [0, 0, 0, 0, 2.0]]
@@ -124,10 +130,10 @@ def test_token_rewards_add_up_to_the_reward_on_trained_tokens(tokenizer, texts, 
 
 
 def test_token_rewards_trait_is_declared_at_registration():
-    takes = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).attrs.get("token_rewards")}
+    takes = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.token_rewards}
     assert takes == {"gae", "reinforce_pp"}  # sr_ppo's critic reads the outcome in pass@k space only
-    assert REWARD_COMBINERS.get("weighted_sum").attrs.get("linear")
-    assert not REWARD_COMBINERS.get("group_normalized_sum").attrs.get("linear")
+    assert REWARD_COMBINERS.get("weighted_sum").traits.linear
+    assert not REWARD_COMBINERS.get("group_normalized_sum").traits.linear
 
 
 @pytest.mark.parametrize("override, message", [

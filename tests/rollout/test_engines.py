@@ -269,3 +269,35 @@ def test_vllm_weight_push_streams_the_tensors(vllm_engine, tiny_state_dict, rest
         vllm_engine.update_weights(tensors())
     assert len(given) == len(tiny_state_dict) > 10
     assert most <= len(given) // 2, f"{most} of {len(given)} pushed tensors held at once"
+
+
+@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", "vllm"])
+def test_the_learner_scores_the_samplers_truncated_distribution(engine_name, request, prompts, tiny_model_path):
+    """With top-p and top-k set, every engine reports log-probs of the truncated, renormalised distribution
+    it drew from, and the learner scores the same distribution (Truncation): equal to rounding, where the
+    full softmax is off by the truncated mass. The session's vLLM engine samples in bf16 (its log-probs
+    are 0.05 off fp32 anyway, more where bf16 puts a token on the other side of the top-p boundary): for
+    it, the mean gap."""
+    from upslope.models import load_model
+    from upslope.train.learner.logprobs import Truncation, token_scores
+
+    engine = request.getfixturevalue({"hf": "hf_engine", "hf_paged": "paged_engine", "vllm": "vllm_engine"}[engine_name])
+    policy = load_model(tiny_model_path, "float32").eval()
+    params = SamplingParams(n=4, temperature=0.8, top_p=0.7, top_k=20, max_new_tokens=8, seed=11, stop_token_ids=STOP)
+    gaps: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    for prompt, group in zip(prompts, engine.generate(prompts, params)):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            target = torch.zeros_like(ids)
+            target[0, len(prompt):] = 1
+            for truncation in (Truncation(), Truncation(0.7, 20)):
+                with torch.no_grad():
+                    lp = token_scores(policy, ids, torch.ones_like(ids), target, temperature=0.8,
+                                      truncation=truncation).logprobs[0, len(prompt):]
+                gaps[truncation.active].append((lp - torch.tensor(c.logprobs)).abs())
+    truncated, full = torch.cat(gaps[True]), torch.cat(gaps[False])
+    if engine_name == "vllm":
+        assert float(truncated.mean()) < 0.05 and float(full.mean()) > 10 * float(truncated.mean()), \
+            (float(truncated.mean()), float(full.mean()))
+    else:
+        assert float(truncated.max()) < 1e-4 and float(full.max()) > 1e-2, (float(truncated.max()), float(full.max()))

@@ -2,17 +2,21 @@
 hand-computed cases, then both rollouts on the real HF engine (tiny model, SmolLM2 tokenizer)."""
 from __future__ import annotations
 
+import math
+
 import random
 from pathlib import Path
 
 import torch
 
+from batch_helpers import score_and_check
+
+from upslope.rollout.plugin import single_turn
 from upslope.data.types import Example
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import RewardFn
 from upslope.rollout.base import SamplingParams
 from upslope.rollout.shaping import espo_stop, noisy_prefix
-from upslope.train import stages
 
 
 def test_espo_stop_by_hand():
@@ -42,30 +46,33 @@ def test_espo_rollout_stops_and_fails_on_the_real_engine(hf_engine, encode_chat)
     the text scores; margin 1e9 stops none and equals the plain rollout with the same seed."""
     prompts, examples = _examples(encode_chat)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, seed=3, stop_token_ids=[2])
-    plain = stages.rollout(hf_engine, prompts, examples, params, pad_id=2)
+    plain = single_turn(hf_engine, prompts, examples, params, pad_id=2)
     never = ROLLOUTS.bind("espo", {"margin": 1e9})(hf_engine, prompts, examples, params, 2)
-    assert torch.equal(never.input_ids, plain.input_ids) and all("reward_override" not in m for m in never.meta)
+    assert torch.equal(never.input_ids, plain.input_ids) and bool(never.reward_override.isnan().all())
     always = ROLLOUTS.bind("espo", {"margin": -1e9, "min_tokens": 2, "fail_reward": -1.0})(
         hf_engine, prompts, examples, params, 2)
     for i, m in enumerate(always.meta):
         full = int(plain.completion_lens[i])
         assert int(always.completion_lens[i]) == min(full, 2)
         assert m["metrics"]["espo/stopped"] == float(full > 2) and m["metrics"]["espo/saved_tokens"] == max(full - 2, 0)
-        assert (m.get("reward_override") == -1.0) == (full > 2)
+        assert (float(always.reward_override[i]) == -1.0) == (full > 2)
     one = [RewardFn("one", 1.0, lambda c, a, m: 1.0)]
-    scored, _ = stages.reward(always, one, REWARD_COMBINERS.bind("weighted_sum"), 0.0)
-    expect = [-1.0 if "reward_override" in m else 1.0 for m in always.meta]
+    scored, _ = score_and_check(always, one, REWARD_COMBINERS.bind("weighted_sum"), 0.0)
+    expect = [1.0 if v.isnan() else -1.0 for v in always.reward_override]
     assert scored.rewards.tolist() == expect and scored.reward_components["one"].tolist() == [1.0] * always.size
 
 
 def test_reward_scale_from_the_rollout_by_hand():
-    """meta reward_scale multiplies the combined reward; reward_override replaces it."""
+    """batch.reward_scale multiplies the combined reward; batch.reward_override replaces it where not NaN."""
+    from dataclasses import replace
+
     from upslope.batch import build_batch
 
     b = build_batch([[1], [1], [1]], [[5], [5], [5]], [[-0.1]] * 3, [0, 0, 0], [False] * 3, 2,
-                    meta=[{"completion": "x", "answer": None}, {"completion": "x", "answer": None, "reward_scale": 0.25},
-                          {"completion": "x", "answer": None, "reward_override": 0.0, "reward_scale": 0.25}])
-    out, _ = stages.reward(b, [RewardFn("two", 1.0, lambda c, a, m: 2.0)], REWARD_COMBINERS.bind("weighted_sum"), 0.0)
+                    meta=[{"completion": "x", "answer": None}] * 3)
+    b = replace(b, reward_scale=torch.tensor([1.0, 0.25, 0.25]),
+                reward_override=torch.tensor([math.nan, math.nan, 0.0]))
+    out, _ = score_and_check(b, [RewardFn("two", 1.0, lambda c, a, m: 2.0)], REWARD_COMBINERS.bind("weighted_sum"), 0.0)
     assert out.rewards.tolist() == [2.0, 0.5, 0.0]
 
 
@@ -74,7 +81,7 @@ def test_denoise_rollout_restarts_from_an_untrained_prefix(hf_engine, encode_cha
     unchanged tokens); the prefix has loss_mask 0 and sampler log-prob 0, the continuation is trained."""
     prompts, examples = _examples(encode_chat)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=5, stop_token_ids=[2])
-    plain = stages.rollout(hf_engine, prompts, examples, params, pad_id=2)
+    plain = single_turn(hf_engine, prompts, examples, params, pad_id=2)
     b = ROLLOUTS.bind("denoise", {"share": 0.5, "prefix_frac": 0.5, "noise": 0.0})(
         hf_engine, prompts, examples, params, 2)
     assert b.group_ids.tolist() == [0] * 4 + [1] * 4

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from hostile_cases import CASES as FIRST_CASES
 from hostile_cases import SECRET_DIRS, Case
-from hostile_cases_more import MORE
+from hostile_cases_resources import MORE
 from sandbox_helpers import CHECKER_MARK, pids_with_marker, pids_with_uid_in, rss_of, run_mounts, socket_memory
 
 from upslope.sandbox import Job, SandboxConfig, SandboxPool

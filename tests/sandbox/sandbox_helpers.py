@@ -1,9 +1,14 @@
 """Helpers of the sandbox tests (imported by name: pytest puts this folder on sys.path)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from typing import Iterator
 
 import pytest
+from hermetic import ROOT
 
 from upslope.sandbox import bwrap_problem
 
@@ -84,3 +89,20 @@ def run_mounts() -> list[str]:
             if len(parts) == 2 and parts[1].split()[:2] == ["tmpfs", "upslope-sandbox"]:
                 out.append(parts[0].split()[4])
     return out
+
+
+
+@contextlib.contextmanager
+def readable_package_copy() -> Iterator[str]:
+    """A directory (for PYTHONPATH) holding a copy of the `upslope` package that any user can
+    read: the checkout may sit where only its owner can enter (a clone under /root). Removed after."""
+    site = tempfile.mkdtemp(prefix="upslope-readable-")
+    try:
+        shutil.copytree(ROOT / "upslope", os.path.join(site, "upslope"), ignore=shutil.ignore_patterns("__pycache__"))
+        for dirpath, _, filenames in os.walk(site):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o644)
+        yield site
+    finally:
+        shutil.rmtree(site, ignore_errors=True)

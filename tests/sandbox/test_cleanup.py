@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from hermetic import ROOT
 from sandbox_helpers import needs_bwrap
 
 from upslope.sandbox import Sandbox, SandboxConfig
@@ -37,7 +38,7 @@ def test_a_killed_trainers_mount_and_cgroups_are_swept():
     if os.geteuid() != 0:
         pytest.skip("the per-run tmpfs and cgroups are made as root only")
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     has_cgroups = child.stdout.readline().strip() == "True"
     for _ in range(100):
         if _mounts_of(child.pid):

@@ -109,4 +109,4 @@ def test_bad_meta_and_options():
         code_reward()(["x = 1"], [None], [{"cases": []}])
     with pytest.raises(ConfigError, match="mode"):
         code_reward(mode="most")
-    assert REWARDS.get("code").attrs.get("batched") is True
+    assert REWARDS.get("code").traits.batched is True

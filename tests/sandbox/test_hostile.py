@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from hermetic import ROOT
 from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in
 
 from upslope.sandbox import Job, SandboxConfig, SandboxPool, Status
@@ -28,7 +29,7 @@ def host(tmp_path_factory):
         "canary": str(canary),
         "new_in_tmp": str(base / "created_by_sandbox.txt"),
         "home": os.path.join(home, f".upslope_sandbox_probe_{os.getpid()}"),
-        "repo": os.path.join(os.getcwd(), f".upslope_sandbox_probe_{os.getpid()}"),
+        "repo": str(ROOT / f".upslope_sandbox_probe_{os.getpid()}"),
         "etc": f"/etc/upslope_sandbox_probe_{os.getpid()}",
     }
     before = hashlib.sha256(canary.read_bytes()).hexdigest()

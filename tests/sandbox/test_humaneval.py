@@ -28,7 +28,7 @@ def test_load_humaneval_records():
     assert len(load_humaneval(limit=5)) == 5
     assert len(load_humaneval(os.path.dirname(DEFAULT_PATH), limit=2)) == 2  # a directory works too
     entry = TASKS.get("humaneval")
-    assert entry.attrs["reward"] == "code"
+    assert entry.traits.reward == "code"
     assert [e.id for e in TASKS.bind("humaneval", {"limit": 3})()] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
 
 

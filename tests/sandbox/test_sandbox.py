@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in
+from hermetic import ROOT
+from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in, readable_package_copy
 from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status
 
 
@@ -99,7 +100,7 @@ def test_async_api(pool):
 
 def _start_parent(marker: str, timeout_s: float) -> subprocess.Popen:
     code = f"from upslope.sandbox import Job, Sandbox\nSandbox().run(Job(command='sleep 300; : {marker}', timeout_s={timeout_s}))"
-    return subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
+    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def _wait_until(predicate, seconds: float) -> bool:
@@ -160,7 +161,8 @@ def _system_python_ok() -> bool:
                     "and a system /usr/bin/python3 >= 3.10 that user can run")
 def test_as_an_ordinary_user():
     """The path of a non-root host (a CI runner): bubblewrap maps the user into a fresh user
-    namespace, and the process limit holds per namespace."""
+    namespace, and the process limit holds per namespace. That user may not be able to read the
+    checkout (a clone under /root), so it imports a copy of the package made readable to all."""
     uid = 40000 + os.getpid() % 20000
     marker = f"upslope-user-orphan-{time.time_ns()}"
     code = textwrap.dedent(f"""
@@ -178,11 +180,15 @@ def test_as_an_ordinary_user():
         ]
         print(json.dumps([str(sb.run(j).status) for j in jobs]))
     """)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd(), "HOME": "/"}
-    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", code],
-                         capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    with readable_package_copy() as site:
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": site, "HOME": "/"}
+        out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c",
+                              code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == ["ok", "timeout", "failed", "failed", "ok"]
+    # without a cgroup of its own, it says once which memory limit holds per process only
+    said = [line for line in out.stderr.splitlines() if "no per-run cgroup here" in line]
+    assert len(said) == 1 and "memory_mb=1024 per process (RLIMIT_AS) only" in said[0], out.stderr
     time.sleep(0.2)
     assert pids_with_marker(marker) == [] and pids_with_uid_in(range(uid, uid + 1)) == []
     assert not os.path.exists("/etc/upslope_probe")
@@ -197,7 +203,7 @@ def test_refused_without_bwrap():
         w = Sandbox(SandboxConfig(allow_weak=True)).run(Job(code="print(1)"))
         print(json.dumps([str(r.status), r.error, str(w.status), w.mode, w.stdout]))
     """)
-    env = {"PATH": "/nonexistent", "PYTHONPATH": os.getcwd()}
+    env = {"PATH": "/nonexistent", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     status, error, weak_status, weak_mode, weak_out = json.loads(out.stdout)

@@ -75,8 +75,9 @@ def test_a_method_is_found_by_what_its_recipe_adds_to_its_baseline():
     assert ps.method_plugins("cero") == [("sampler", "cero")]
     assert ps.method_plugins("arena") == [("reward", "arena")]  # the task's verifier it also names is reused
     assert ps.method_plugins("catpo") == [("rollout", "tree"), ("advantage", "tree")]
-    size = ps.size_of("mipu")  # a loop hook, not a registry name
-    assert size.code > 0 and "improvement_proxy" in " ".join(size.parts)
+    assert ps.method_plugins("dcmdp") == [("loss_term", "dcmdp")]  # a loss term in algo.terms
+    size = ps.size_of("mipu")  # an update check in algo.accept
+    assert size.code > 0 and "accept `mipu`" in " ".join(size.parts)
 
 
 def test_every_method_has_code_and_the_committed_page_is_current():

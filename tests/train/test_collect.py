@@ -15,8 +15,8 @@ from upslope.errors import UpslopeError
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import build_reward_fns
 from upslope.rollout.base import SamplingParams
-from upslope.train import stages
-from upslope.train.collect import Task, collect, rollout_fn
+from upslope.rollout.plugin import rollout_fn, single_turn
+from upslope.train.collect import Collected, Rounds, Task, collect, on_engine
 from upslope.train.timing import StageClock, throughput
 
 TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
@@ -27,7 +27,7 @@ QUESTIONS = [f"What is {i} + {i}?" for i in range(8)]
 def task(encode_chat) -> Task:
     fns = build_reward_fns([RewardSpec(name=f"{TOY}:long_text")])
     return Task(encode_chat(QUESTIONS), [Example(prompt=q, answer=str(2 * i)) for i, q in enumerate(QUESTIONS)],
-                fns, REWARD_COMBINERS.bind("weighted_sum"))
+                fns, REWARD_COMBINERS.bind("weighted_sum"), pad_id=2)
 
 
 class Draws:
@@ -44,8 +44,13 @@ class Draws:
         return out
 
 
-def sampling(round_: int) -> SamplingParams:
-    return SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=100 + round_, stop_token_ids=[2])
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=100, stop_token_ids=[2])  # round r: seed 100 + r
+
+
+def run(engine, task: Task, draw, *, keep=None, rollout=None, clock=None, on_kept=None, **rounds) -> Collected:
+    """collect on the engine's single-turn rollout (or `rollout`) with these Rounds."""
+    return collect(task, rollout or on_engine(engine, single_turn, 2), draw, PARAMS, Rounds(**rounds), keep,
+                   clock=clock, on_kept=on_kept)
 
 
 def test_resampling_refills_until_want_groups_are_kept(hf_engine, task):
@@ -53,7 +58,7 @@ def test_resampling_refills_until_want_groups_are_kept(hf_engine, task):
     2 missing and keeps 1 (ids 4, 5: only 4 is even), round 3 draws 1 more (id 6) and is full."""
     draws, clock = Draws(), StageClock()
     keep = lambda b: b.select(torch.nonzero(b.group_ids % 2 == 0).flatten())  # noqa: E731
-    got = collect(hf_engine, task, draws, sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep, clock=clock)
+    got = run(hf_engine, task, draws, want=4, per_round=4, max_rounds=5, keep=keep, clock=clock)
     assert draws.asked == [4, 2, 1]
     assert got.indices == [0, 1, 2, 3, 4, 5, 6] and got.drawn == 7
     assert sorted(got.batch.group_ids.unique().tolist()) == [0, 2, 4, 6]  # unique across rounds
@@ -68,40 +73,42 @@ def test_full_rounds_without_refill_and_the_cut_to_want(hf_engine, task):
     """refill=False draws per_round every round (on-policy DPO); more kept groups than wanted are
     cut to the first `want`."""
     draws = Draws()
-    got = collect(hf_engine, task, draws, sampling, 2, want=3, per_round=2, refill=False, max_rounds=3)
+    got = run(hf_engine, task, draws, want=3, per_round=2, refill=False, max_rounds=3)
     assert draws.asked == [2, 2]
     assert got.kept_groups == 4 and got.batch.group_ids.unique().tolist() == [0, 1, 2]
 
 
 def test_the_round_limit_stops_an_empty_keep(hf_engine, task):
     draws = Draws()
-    got = collect(hf_engine, task, draws, sampling, 2, want=2, per_round=2, max_rounds=1, keep=lambda b: b.select([]))
+    got = run(hf_engine, task, draws, want=2, per_round=2, max_rounds=1, keep=lambda b: b.select([]))
     assert draws.asked == [2, 2] and got.batch.size == 0 and got.dropped == 4 and got.seen.size == 8
 
 
 def test_no_rewards_means_no_reward_stage(hf_engine, task):
-    bare = Task(task.prompt_ids, task.examples)
+    bare = Task(task.prompt_ids, task.examples, pad_id=2)
     clock = StageClock()
-    got = collect(hf_engine, bare, Draws(), sampling, 2, want=2, per_round=2, clock=clock)
+    got = run(hf_engine, bare, Draws(), want=2, per_round=2, clock=clock)
     assert got.batch.rewards is None and "reward" not in clock.seconds and got.batch.size == 4
 
 
-def per_group_reversed(engine, prompts, examples, params, pad_id, group_offset=0):
-    """The round's groups as pieces of one group each, arriving last first (as Ray jobs may)."""
-    b = stages.rollout(engine, prompts, examples, params, pad_id, group_offset)
-    for g in reversed(b.group_ids.unique().tolist()):
-        yield b.select(torch.nonzero(b.group_ids == g).flatten())
+def per_group_reversed(engine):
+    """A round's groups as pieces of one group each, arriving last first (as Ray jobs may)."""
+    def pieces(prompts, examples, params, group_offset):
+        b = single_turn(engine, prompts, examples, params, 2, group_offset)
+        for g in reversed(b.group_ids.unique().tolist()):
+            yield b.select(torch.nonzero(b.group_ids == g).flatten())
+    return pieces
 
 
 def test_a_round_in_pieces_collects_what_the_whole_round_does(hf_engine, task):
     """The Ray workers' path: each piece is rewarded and filtered on arrival and its kept groups go to
     on_kept at once; the result (batch, everything seen, counts, metrics) is the whole-round one."""
     keep = lambda b: b.select(torch.nonzero(b.group_ids % 2 == 0).flatten())  # noqa: E731
-    whole = collect(hf_engine, task, Draws(), sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep)
+    whole = run(hf_engine, task, Draws(), want=4, per_round=4, max_rounds=5, keep=keep)
     handed: list = []
     clock = StageClock()
-    got = collect(hf_engine, task, Draws(), sampling, 2, want=4, per_round=4, max_rounds=5, keep=keep, clock=clock,
-                  pieces=per_group_reversed, on_kept=handed.append)
+    got = run(hf_engine, task, Draws(), want=4, per_round=4, max_rounds=5, keep=keep, clock=clock,
+                  rollout=per_group_reversed(hf_engine), on_kept=handed.append)
     assert [b.group_ids.unique().tolist() for b in handed] == [[2], [0], [4], [6]]  # as they arrived
     for a, b in ((got.batch, whole.batch), (got.seen, whole.seen)):
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.group_ids, b.group_ids)
@@ -116,24 +123,24 @@ def test_the_strict_reward_check_is_per_round_not_per_piece(hf_engine, encode_ch
     examples = [Example(prompt=q, answer=str(2 * i)) for i, q in enumerate(QUESTIONS)]
     for name, ok in (("fails_on_zero", True), ("always_fails", False)):
         t = Task(encode_chat(QUESTIONS), examples, build_reward_fns([RewardSpec(name=f"{TOY}:{name}")]),
-                 REWARD_COMBINERS.bind("weighted_sum"))
-        run = lambda: collect(hf_engine, t, Draws(), sampling, 2, want=4, per_round=4,  # noqa: E731
-                              pieces=per_group_reversed, on_kept=lambda b: None)
+                 REWARD_COMBINERS.bind("weighted_sum"), pad_id=2)
+        attempt = lambda: run(hf_engine, t, Draws(), want=4, per_round=4,  # noqa: E731
+                                  rollout=per_group_reversed(hf_engine), on_kept=lambda b: None)
         if ok:
-            assert run().metrics[f"reward_failures/{name}"] == 2.0  # group 0's two samples
+            assert attempt().metrics[f"reward_failures/{name}"] == 2.0  # group 0's two samples
         else:
             with pytest.raises(UpslopeError, match="failed on every sample"):
-                run()
+                attempt()
 
 
 def test_pieces_handed_on_need_refill(hf_engine, task):
     with pytest.raises(ValueError, match="on_kept needs refill"):
-        collect(hf_engine, task, Draws(), sampling, 2, want=2, per_round=2, refill=False, on_kept=lambda b: None)
+        run(hf_engine, task, Draws(), want=2, per_round=2, refill=False, on_kept=lambda b: None)
 
 
 def test_rollouts_come_from_the_registry():
-    assert rollout_fn("single_turn") is stages.rollout
-    assert ROLLOUTS.get("single_turn").fn is stages.rollout
+    assert rollout_fn("single_turn") is single_turn
+    assert ROLLOUTS.get("single_turn").fn is single_turn
 
 
 def test_stage_clock_accumulates_per_stage():
@@ -179,7 +186,7 @@ def test_merged_repeats_are_one_group_of_variable_size(hf_engine, task):
     while prompt 5 keeps its group of n; the budget is still counted in draws of n."""
     from upslope.algos.advantages import grpo
 
-    got = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True)
+    got = run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3, merge_repeats=True)
     b = got.batch
     assert b.size == 6 and b.group_ids.tolist() == [0, 0, 1, 1, 0, 0] and got.indices == [3, 5, 3]
     assert got.kept_groups == 3 and got.dropped == 0
@@ -194,20 +201,33 @@ def test_merged_repeats_are_one_group_of_variable_size(hf_engine, task):
             want_adv = 0.0 if max(peers) == min(peers) else (r[i] - m) / (s + 1e-6)
             assert float(adv[i, int(b.prompt_lens[i])]) == pytest.approx(want_adv, abs=1e-5)
     assert len(set(r[i] for i in (0, 1, 4, 5))) > 1  # the four differ: the case is not a trivial tie
-    apart = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3)
+    apart = run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3)
     assert apart.batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2]  # without merging: three groups of n
 
 
 def test_merged_repeats_arriving_in_pieces_are_joined_before_scoring(hf_engine, task):
     """A prompt's repeated draws may come back in different Ray jobs: with merge_repeats the round's
     pieces are joined first, so the result is the one-rollout result (one group of 2 x n for prompt 3)."""
-    whole = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True)
-    got = collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True,
-                  pieces=per_group_reversed)
+    whole = run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3, merge_repeats=True)
+    got = run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3, merge_repeats=True,
+                  rollout=per_group_reversed(hf_engine))
     assert got.batch.group_ids.tolist() == whole.batch.group_ids.tolist() == [0, 0, 1, 1, 0, 0]
     assert torch.equal(got.batch.rewards, whole.batch.rewards)
     assert [m["completion"] for m in got.batch.meta] == [m["completion"] for m in whole.batch.meta]
     assert (got.kept_groups, got.dropped) == (whole.kept_groups, whole.dropped) == (3, 0)
     with pytest.raises(ValueError, match="merged repeats"):
-        collect(hf_engine, task, lambda k: [3, 5, 3], sampling, 2, want=3, per_round=3, merge_repeats=True,
-                pieces=per_group_reversed, on_kept=lambda b: None)
+        run(hf_engine, task, lambda k: [3, 5, 3], want=3, per_round=3, merge_repeats=True,
+                rollout=per_group_reversed(hf_engine), on_kept=lambda b: None)
+
+
+def test_engine_seed_reaches_every_engines_sampling():
+    """engine.seed is mixed into each step's sampling seed (and evaluation's) whatever the engine; 0 keeps
+    the run's own seeds."""
+    from upslope.config import load_config
+    from upslope.seeding import step_seed
+    from upslope.train.sources import step_sampling
+
+    plain = step_sampling(load_config(None, ["engine.name=hf"]), [2], step=3)
+    assert plain.seed == step_seed(0, 3)
+    seeded = [step_sampling(load_config(None, ["engine.name=hf", f"engine.seed={s}"]), [2], step=3).seed for s in (5, 6)]
+    assert len({plain.seed, *seeded}) == 3

@@ -3,9 +3,13 @@ KL penalty in the reward, critic values and GAE returns, advantage; and the roll
 real HF engine. Every stage returns a new Batch and leaves its input as it was."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from upslope.rollout.plugin import single_turn
+from upslope.algos.kl import kl_penalty_in_reward
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.registry import ADVANTAGES, FILTERS, KL_ESTIMATORS
@@ -50,7 +54,7 @@ def test_kl_penalty_in_reward_by_hand():
     b = batch_of([1.0, 0.0], [0, 0], [2, 1])
     b.old_logprobs = torch.tensor([[0.0, -1.0, -2.0], [0.0, -1.0, 0.0]])
     b.ref_logprobs = torch.tensor([[0.0, -1.2, -1.9], [0.0, -1.3, 0.0]])
-    out, kl = stages.kl_penalty_in_reward(b, KL_ESTIMATORS.bind("k1"), 0.5)
+    out, kl = kl_penalty_in_reward(b, KL_ESTIMATORS.bind("k1"), 0.5)
     assert out.rewards.tolist() == pytest.approx([1.0 - 0.5 * 0.1, 0.0 - 0.5 * 0.3])
     # the outcome reward sits on the last trained token; every trained token pays beta * its KL
     assert out.token_rewards.tolist() == [pytest.approx([0.0, -0.1, 1.0 + 0.05]), pytest.approx([0.0, -0.15, 0.0])]
@@ -58,13 +62,13 @@ def test_kl_penalty_in_reward_by_hand():
     assert b.rewards.tolist() == [1.0, 0.0] and b.token_rewards is None  # input unchanged
 
 
-def test_values_and_returns_by_hand():
+def test_critic_values_then_gae_returns_by_hand():
     """The critic's values are stored; the `critic=True` advantage (gae) then sets the returns once:
     gamma 1, lam 1: the return of every trained token is the outcome reward (no discount), whatever
     the values; gamma 0.5: each step back halves it; lam 0: one-step TD targets."""
     b = batch_of([2.0], [0], [3])
     values = torch.tensor([[0.0, 0.3, -0.7, 1.1]])
-    with_values = stages.values_and_returns(b, values)
+    with_values = replace(b, values=values)
     assert torch.equal(with_values.values, values) and b.values is None and with_values.returns is None
 
     def returns(gamma: float, lam: float) -> list[list[float]]:
@@ -95,8 +99,8 @@ def test_rollout_stage_on_the_real_engine(hf_engine, encode_chat):
     questions = ["What is 2 + 2?", "Name a colour."]
     prompts = encode_chat(questions)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=7, stop_token_ids=[2])
-    b = stages.rollout(hf_engine, prompts, [Example(prompt=q, answer=str(i)) for i, q in enumerate(questions)],
-                       params, pad_id=2, group_offset=10)
+    b = single_turn(hf_engine, prompts, [Example(prompt=q, answer=str(i)) for i, q in enumerate(questions)],
+                    params, pad_id=2, group_offset=10)
     assert b.size == 6 and b.group_ids.tolist() == [10, 10, 10, 11, 11, 11]
     for i in range(b.size):
         p, s = int(b.prompt_lens[i]), int(b.seq_lens[i])

@@ -6,12 +6,13 @@ import shutil
 import pytest
 import torch
 
+from batch_helpers import score_and_check
+
 from upslope.batch import build_batch
 from upslope.config import RewardSpec
 from upslope.data.humaneval import load_humaneval
 from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
-from upslope.train import stages
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -24,7 +25,7 @@ def test_code_reward_statuses_reach_the_step_metrics():
                         meta=[{**ex.meta, "answer": None, "completion": c} for c in completions])
     fns = build_reward_fns([RewardSpec(name="code", options={})])
     combiner = REWARD_COMBINERS.bind("weighted_sum")
-    batch, metrics = stages.reward(batch, fns, combiner, fallback=0.0)
+    batch, metrics = score_and_check(batch, fns, combiner, 0.0)
     assert batch.rewards.tolist() == [1.0, 0.0, 0.0]
     assert metrics["sandbox/ok"] == 1 and metrics["sandbox/syntax_error"] == 1 and metrics["sandbox/timeout"] == 1
     assert torch.equal(batch.reward_components["code"], batch.rewards)

@@ -11,11 +11,14 @@ log-ratio never yields a non-finite value or gradient (k3 = e^20 ~ 4.9e8 at the 
 without it k3 overflows to inf past x ~ -88 in float32). Beyond the bound the gradient is 0.
 """
 import math
+from dataclasses import replace
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from upslope.algos.common import clamp_log_ratio
+from upslope.algos.common import clamp_log_ratio, last_token_rewards
+from upslope.batch import Batch
 from upslope.bounds import Positive
 from upslope.errors import ConfigError
 from upslope.registry import KL_ESTIMATORS
@@ -62,6 +65,18 @@ def kl_in_reward(token_rewards: Tensor, kl: Tensor, beta: float, mask: Tensor) -
     return token_rewards - penalty
 
 
+def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta: float) -> tuple[Batch, float]:
+    """Fold -beta * KL(policy || reference) into the rewards: per token (token_rewards, for
+    token-level estimators such as GAE) and summed per sequence (rewards, for group ones)."""
+    assert batch.rewards is not None and batch.ref_logprobs is not None and batch.old_logprobs is not None
+    kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
+    base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
+                                                                                          batch.loss_mask)
+    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
+                  rewards=batch.rewards - beta * kl.sum(1))
+    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
+
+
 class FixedKLController:
     """A constant KL coefficient (same interface as the adaptive one)."""
 
@@ -87,3 +102,30 @@ class AdaptiveKLController:
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
         return self.value
+
+
+class KLControl:
+    """The KL penalty to the frozen reference: an estimator (registry `kl`) and its coefficient, fixed or
+    adaptive toward a target; used in the loss (loss term `kl`) or folded into the rewards."""
+
+    def __init__(self, coef: float, estimator: str = "k3", target: float | None = None, horizon: int = 10000,
+                 where: str = "algo.kl_estimator"):
+        self.estimate = KL_ESTIMATORS.bind(estimator, where=where)
+        self.controller = AdaptiveKLController(coef, target, horizon) if target else FixedKLController(coef)
+
+    @property
+    def value(self) -> float:
+        """The coefficient this step uses."""
+        return self.controller.value
+
+    def after_update(self, kl: float, samples: int) -> dict[str, float]:
+        """The coefficient this step used (`kl_coef`); then an adaptive one moves toward its target."""
+        out = {"kl_coef": self.controller.value}
+        self.controller.update(kl, samples)
+        return out
+
+    def state_dict(self) -> dict[str, float]:
+        return {"kl_coef": self.controller.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.controller.value = float(state["kl_coef"])

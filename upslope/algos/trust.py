@@ -1,4 +1,5 @@
-"""Train/inference discrepancy as a constraint (DCMDP) and the sampler-side acceptance test of an update (MIPU).
+"""Train/inference discrepancy as a constraint (DCMDP, loss term `dcmdp`) and the sampler-side acceptance
+test of an update (MIPU, update check `mipu`).
 
 DCMDP (Liu et al. 2026): maximise reward subject to D(train || sampler) <= tolerance, relaxed
 with a Lagrange multiplier lambda >= 0 that dual ascent moves every step:
@@ -17,7 +18,11 @@ from torch import Tensor
 
 from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio
 from upslope.algos.kl import k3
+from upslope.algos.terms import LossInputs, LossTerm, Metrics, TermOutput
+from upslope.batch import Batch
+from upslope.bounds import NonNegative, Positive
 from upslope.errors import ConfigError
+from upslope.registry import ACCEPTS, LOSS_TERMS
 
 
 def discrepancy(logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
@@ -30,7 +35,7 @@ class DualController:
 
     def __init__(self, init: float, lr: float, tolerance: float):
         if init < 0 or lr <= 0 or tolerance < 0:
-            raise ConfigError(f"algo.discrepancy needs init >= 0, lr > 0, tolerance >= 0 "
+            raise ConfigError(f"loss term dcmdp needs init >= 0, lr > 0, tolerance >= 0 "
                               f"(got {init}, {lr}, {tolerance})")
         self.value, self.lr, self.tolerance = float(init), float(lr), float(tolerance)
 
@@ -68,3 +73,56 @@ def improvement_proxy(logprobs: Tensor, sampler_logprobs: Tensor, advantages: Te
     """
     gain, gap = proxy_parts(logprobs, sampler_logprobs, advantages, mask)
     return gain - gap_coef * gap
+
+
+@LOSS_TERMS.register("dcmdp")
+class DiscrepancyConstraint(LossTerm):
+    """DCMDP: lambda x the train/inference discrepancy (k3 vs the sampler) per token, lambda moved by dual ascent.
+
+    init: the multiplier lambda at step 0
+    lr: dual ascent step: lambda += lr * (discrepancy - tolerance) after each step
+    tolerance: discrepancy (k3 per token) the policy may keep for free: the tolerance region
+    """
+
+    def __init__(self, *, init: NonNegative = 0.0, lr: Positive = 1.0, tolerance: NonNegative = 1e-3):
+        self.dual = DualController(init, lr, tolerance)
+
+    def __call__(self, x: LossInputs) -> TermOutput:
+        disc = discrepancy(x.logprobs, x.sampler_logprobs)
+        return TermOutput(add=self.dual.value * disc,
+                          metrics={"dcmdp/discrepancy": float((disc.detach() * x.mask).sum()) / x.trained_tokens})
+
+    def after_update(self, metrics: Metrics, samples: int) -> Metrics:
+        """The multiplier this step used; then dual ascent moves it by the step's discrepancy."""
+        out = {"dcmdp/lambda": self.dual.value}
+        if (observed := metrics.get("dcmdp/discrepancy")) is not None:
+            self.dual.update(float(observed))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dual.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dual.load_state_dict(state)
+
+
+@ACCEPTS.register("mipu")
+class ImprovementCheck:
+    """MIPU: keep an update only if the sampler-side proxy (gain - gap_coef x gap) says the deployed policy improves.
+
+    gap_coef: weight of the train/inference gap (k3 per token) subtracted in the proxy
+    min_gain: accept a candidate when its proxy exceeds this
+
+    An update check is called after the update with the batch and the updated policy's log-probs on
+    it (one extra forward); a vetoed update is undone (weights and optimiser state restored).
+    """
+
+    def __init__(self, *, gap_coef: NonNegative = 1.0, min_gain: float = 0.0):
+        self.gap_coef, self.min_gain = gap_coef, min_gain
+
+    def __call__(self, batch: Batch, logprobs: Tensor) -> tuple[bool, Metrics]:
+        assert batch.advantages is not None
+        gain, gap = proxy_parts(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask)
+        proxy = gain - self.gap_coef * gap
+        accepted = proxy > self.min_gain
+        return accepted, {"mipu/proxy": proxy, "mipu/gain": gain, "mipu/gap": gap, "mipu/accepted": float(accepted)}

@@ -73,7 +73,7 @@ def task_split(cfg: DataConfig, default_split: str) -> str:
     """The split a task reads: data.split, which must be one the task has (its registry trait `splits`),
     else `default_split`, or the task's only split when it lacks that one (MATH-500 has only 'test'; the
     loop then reports that evaluation reads the training problems)."""
-    splits = TASKS.get(cfg.task, "data.task").attrs.get("splits")
+    splits = TASKS.get(cfg.task, "data.task").traits.splits
     if cfg.split:
         if splits and cfg.split not in splits:
             raise ConfigError(f"data.split={cfg.split!r}: task '{cfg.task}' has only the split(s) {', '.join(splits)}")
@@ -85,7 +85,7 @@ def has_split(cfg: DataConfig, split: str) -> bool:
     """Does the data source have `split`: a task that lists it (or lists none), a dataset directory or
     saved dataset holding it? A single file has no splits."""
     if not cfg.path:
-        splits = TASKS.get(cfg.task, "data.task").attrs.get("splits")
+        splits = TASKS.get(cfg.task, "data.task").traits.splits
         return "split" in TASKS.get(cfg.task, "data.task").options() and (not splits or split in splits)
     p = Path(cfg.path).expanduser()
     if not p.is_dir():
@@ -112,8 +112,8 @@ def task_default_reward(cfg: DataConfig) -> tuple[str, dict[str, Any]] | None:
     if cfg.path:
         return None
     entry = TASKS.get(cfg.task, "data.task")
-    name = entry.attrs.get("reward")
-    return (name, dict(entry.attrs.get("reward_options", {}))) if name else None
+    name = entry.traits.reward
+    return (name, dict(entry.traits.reward_options)) if name else None
 
 
 __all__ = ["Example", "is_single_file", "has_split", "load_examples", "overlap", "task_default_reward", "read_records",

@@ -8,8 +8,8 @@ rewards, group_ids)` and `state_dict()` / `load_state_dict()`. One registered wi
 `examples=True` is also given the training Examples (`examples=`, e.g. to read a cluster
 field); one registered with `extend=fn` adds training prompts of its own: `fn(examples, data,
 **options)` returns them at set-up (after the task's), and it is given the examples too. One
-whose `merge_repeats` attribute is true has a prompt drawn k times in a step sampled as one
-group of k x rollout.n rollouts.
+whose `merge_repeats` is true (an attribute every sampler has: UniformSampler's is False) has a
+prompt drawn k times in a step sampled as one group of k x rollout.n rollouts.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 @SAMPLERS.register("uniform")
 class UniformSampler:
     """Epochs over the prompts, reshuffled each epoch with a seeded generator."""
+
+    merge_repeats: bool = False  # is a prompt drawn k times in one step sampled as one group of k x n?
 
     def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True):
         self.num_prompts, self.seed, self.shuffle = num_prompts, seed, shuffle
@@ -272,13 +274,13 @@ def make_sampler(data: DataConfig, num_prompts: int, seed: int, examples: Sequen
     """The sampler `data.sampler` names, over `num_prompts` prompts, seeded (options checked); one
     registered with `examples=True` or an `extend` hook also gets the training `examples`."""
     build = SAMPLERS.bind(data.sampler.name, data.sampler.options, where="data.sampler.options")
-    attrs = SAMPLERS.get(data.sampler.name).attrs
-    if attrs.get("examples") or attrs.get("extend"):
+    traits = SAMPLERS.get(data.sampler.name).traits
+    if traits.examples or traits.extend is not None:
         return build(num_prompts, seed, data.shuffle, examples=examples)
     return build(num_prompts, seed, data.shuffle)
 
 
 def sampler_examples(data: DataConfig, examples: Sequence[Example]) -> list[Example]:
     """Training prompts the sampler adds to the task's (its `extend` hook: TD-Grokking's subproblems); none for most."""
-    extend = SAMPLERS.get(data.sampler.name, "data.sampler.name").attrs.get("extend")
+    extend = SAMPLERS.get(data.sampler.name, "data.sampler.name").traits.extend
     return extend(examples, data, **data.sampler.options) if extend else []

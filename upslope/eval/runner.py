@@ -22,7 +22,8 @@ from upslope.rewards import build_reward_fns, check_rewards, status_counts
 from upslope.rewards.extract import boxed, extract_integer
 from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
-from upslope.train.collect import Task, collect, make_rollout
+from upslope.rollout.plugin import make_rollout
+from upslope.train.collect import Rounds, Task, collect, on_engine
 from upslope.train.stages import meta_metrics
 from upslope.train.timing import StageClock
 
@@ -84,12 +85,15 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
         specs = [RewardSpec(name=name, options=opts)]
     params = SamplingParams(n=ev.n, temperature=ev.temperature, top_p=ev.top_p,
                             max_new_tokens=eval_generation_length(cfg),
-                            seed=cfg.train.seed, stop_token_ids=runtime.stop_ids)
+                            seed=cfg.train.seed ^ cfg.engine.seed, stop_token_ids=runtime.stop_ids)
     combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                      where="algo.reward_combiner.options")
-    task = Task(prompt_ids, list(examples), reward_fns, combiner, cfg.reward_fallback)
-    rollout = make_rollout(cfg, runtime.tokenizer, evaluation=True)
+    pad_id = runtime.tokenizer.pad_token_id
+    task = Task(prompt_ids, list(examples), reward_fns, combiner, cfg.reward_fallback, pad_id=pad_id,
+                strict_rewards=False)
+    plugin = make_rollout(cfg, runtime.tokenizer, evaluation=True)
     engine = runtime.engine
+    rollout = on_engine(engine, plugin, pad_id)
     clock = StageClock()
     batches: list[Batch] = []
     chunk_metrics: list[dict[str, Any]] = []
@@ -98,14 +102,13 @@ def evaluate(runtime: Runtime, examples: Sequence[Example] | None = None, out_di
     with progress_bar(f"{tag}: generating", len(prompt_ids), enabled=show_progress) as bar:
         for start in range(0, len(prompt_ids), chunk):
             part = list(range(start, min(start + chunk, len(prompt_ids))))
-            got = collect(engine, task, lambda _: part, lambda _: params, runtime.tokenizer.pad_token_id,
-                          want=len(part), per_round=len(part), rollout=rollout, clock=clock, strict_rewards=False)
+            got = collect(task, rollout, lambda _: part, params, Rounds(want=len(part)), clock=clock)
             batches.append(got.batch)
             chunk_metrics.append(got.metrics)
             tokens += int(got.batch.completion_lens.sum())
             bar.advance(len(part), tokens_per_s=tokens / max(clock.seconds.get("rollout", 0.0), 1e-9))
     gen_s = clock.seconds.get("rollout", 0.0)
-    batch = concat(batches, runtime.tokenizer.pad_token_id)
+    batch = concat(batches, pad_id)
     metas = batch.meta
     rewards = batch.rewards.tolist() if batch.rewards is not None else []
     first = next(iter(batch.reward_components))

@@ -25,7 +25,7 @@ def tracker_plugins(cfg: LogConfig) -> list[tuple[str, Plugin]]:
     for i, p in enumerate(cfg.trackers):
         where = f"log.trackers[{i}]"
         TRACKERS.bind(p.name, p.options, where=f"{where}.options")
-        package = TRACKERS.get(p.name).attrs.get("package")
+        package = TRACKERS.get(p.name).traits.package
         if package and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{where}: tracker '{p.name}' needs the {package} package, which is not installed "
                               f"(pip install {package}, or pip install 'upslope[trackers]')")

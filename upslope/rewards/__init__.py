@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from upslope.errors import SetupError
 from upslope.registry import REWARDS
 from upslope.rewards import builtin  # noqa: F401  (registers integer, exact, format, math)
 from upslope.rewards.context import RewardContext
@@ -91,8 +92,8 @@ def build_reward_fns(specs: Sequence[RewardSpec], data_cfg: DataConfig | None = 
                               f"(module:function); '{spec.name}' is a registered reward")
         entry = REWARDS.get(spec.name, f"reward[{i}].name")
         fn, label, batched = REWARDS.bind(spec.name, spec.options, where), spec.as_name or spec.name, \
-            bool(entry.attrs.get("batched"))
-        if entry.attrs.get("context"):
+            bool(entry.traits.batched)
+        if entry.traits.context:
             import functools
 
             from upslope.errors import ConfigError
@@ -131,7 +132,7 @@ def answer_check(spec: RewardSpec) -> Callable[[Any], Any] | None:
     reward's options); user functions `module:function` have none."""
     if ":" in spec.name:
         return None
-    check = REWARDS.get(spec.name).attrs.get("answer")
+    check = REWARDS.get(spec.name).traits.answer
     return None if check is None else (lambda answer: check(answer, spec.options))
 
 
@@ -167,7 +168,7 @@ def places_tokens(spec: RewardSpec) -> bool:
     function of its options); user functions `module:function` do not."""
     if ":" in spec.name:
         return False
-    trait = REWARDS.get(spec.name).attrs.get("places_tokens")
+    trait = REWARDS.get(spec.name).traits.places_tokens
     return bool(trait(spec.options)) if trait is not None else False
 
 
@@ -176,7 +177,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
           token_ids: Sequence[list[int]] | None = None) -> RewardResult:
     """Run every reward on every completion. A reward that raises or returns NaN or inf gives
     the sample `fallback` and is counted; the run goes on. A reward's "does not apply" (TRL's None)
-    adds 0 and is counted apart. `token_ids`: each completion's tokens, for the rewards that take them."""
+    adds 0 and is counted apart. A SetupError (the machine cannot compute the reward at all) stops
+    it. `token_ids`: each completion's tokens, for the rewards that take them."""
     n = len(completions)
     comps: dict[str, list[float]] = {}
     weights: dict[str, float] = {}
@@ -209,6 +211,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             try:
                 extra = {"token_ids": token_ids} if rf.token_ids else {}
                 values = list(rf.fn(list(completions), list(answers), list(metas), **extra))
+            except SetupError:
+                raise
             except Exception as exc:
                 failures[rf.name] = failures.get(rf.name, 0) + n
                 errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")
@@ -218,6 +222,8 @@ def score(reward_fns: Sequence[RewardFn], completions: Sequence[str], answers: S
             for i in range(n):
                 try:
                     values.append(rf.fn(completions[i], answers[i], metas[i]))
+                except SetupError:
+                    raise
                 except Exception as exc:
                     failures[rf.name] = failures.get(rf.name, 0) + 1
                     errors.setdefault(rf.name, f"{type(exc).__name__}: {exc}")

@@ -15,7 +15,7 @@ def fit_bradley_terry(wins: torch.Tensor, l2: float = 0.0, steps: int = 100) -> 
     """Strengths [items] from a pairwise win matrix (wins[i, j]: fraction of i's comparisons with j that
     i won; 0 where not compared and wins[i, j] + wins[j, i] = 1 where compared), by L-BFGS on the
     Bradley-Terry negative log-likelihood (the reward model's loss) plus l2 x sum s^2 / 2, mean 0."""
-    from upslope.train.learner.objectives import bradley_terry_loss
+    from upslope.algos.preference import bradley_terry_loss
 
     compared = (wins + wins.T) > 0
     s = torch.zeros(wins.shape[0], dtype=torch.float64, requires_grad=True)
@@ -25,7 +25,7 @@ def fit_bradley_terry(wins: torch.Tensor, l2: float = 0.0, steps: int = 100) -> 
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        nll = (w * bradley_terry_loss(s[:, None], s[None, :]))[compared].sum()
+        nll = (w * bradley_terry_loss(s[:, None] - s[None, :]))[compared].sum()
         loss = nll + l2 * (s ** 2).sum() / 2
         loss.backward()
         return loss

@@ -24,7 +24,7 @@ def verifier(name: str, options: dict[str, Any] | None, who: str) -> Callable[[s
 def verifier_answer(answer: Any, options: dict[str, Any]) -> None:
     """The answer check of the reward this one uses as its verifier (`integer` by default), if it has one."""
     entry = REWARDS.get(options.get("verifier_name", "integer"))
-    check = entry.attrs.get("answer")
+    check = entry.traits.answer
     if check is not None:
         check(answer, options.get("verifier_options") or {})
 

@@ -22,7 +22,7 @@ import threading
 from typing import Any, Literal
 
 from upslope.bounds import Positive, PositiveCount
-from upslope.errors import ConfigError, DataError
+from upslope.errors import ConfigError, DataError, SetupError
 from upslope.registry import REWARDS
 from upslope.sandbox import FunctionTest, Job, Result, SandboxConfig, SandboxPool, Status
 
@@ -162,7 +162,7 @@ def code(
     config = SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb, allow_weak=allow_weak, batch_timeout_s=batch_timeout_s)
     pool = get_pool(config, workers)
     if pool.problem:
-        raise ConfigError(f"reward 'code': {pool.problem}")
+        raise SetupError(f"reward 'code': {pool.problem}")
     results = pool.run_many(jobs)
     rewards: list[float] = []
     for (first, count, expected), meta in zip(plans, metas):
@@ -177,7 +177,7 @@ def code(
             else:
                 ok = res.verdict is not None and res.verdict.passed  # the checker's, never the program's word
             if status == "refused":
-                raise ConfigError(f"reward 'code': {res.error}")
+                raise SetupError(f"reward 'code': {res.error}")
             passed += ok
             statuses.append(status)
         meta["sandbox_status"] = min(statuses, key=_PRIORITY.index)

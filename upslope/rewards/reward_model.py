@@ -73,7 +73,7 @@ class RewardModelScorer:
 
     def check_tokenizer(self, policy_tokenizer: Any) -> None:
         """One ConfigError line when the policy's tokenizer is not the reward model's."""
-        from upslope.train.learner.scalar import tokenizer_difference
+        from upslope.scalar_head import tokenizer_difference
 
         diff = tokenizer_difference(self.tokenizer, policy_tokenizer)
         if diff:
@@ -96,7 +96,7 @@ class RewardModelScorer:
         """Raw scores of each (prompt, completion)."""
         from upslope.batch import build_batch
         from upslope.data.pairs import encode_reply
-        from upslope.train.learner.scalar import score_rows
+        from upslope.scalar_head import score_rows
 
         tok = self.tokenizer
         end = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
@@ -114,7 +114,7 @@ def load_scorer(path: str, device: str = "auto", dtype: str = "float32") -> Rewa
         import torch
 
         from upslope.models import load_tokenizer, resolve_model
-        from upslope.train.learner.scalar import load_scalar_model
+        from upslope.scalar_head import load_scalar_model
 
         where = resolve_model(path, option="reward.options.path")
         tok = load_tokenizer(where)

@@ -38,13 +38,13 @@ class EngineContext:
 
 def is_available(entry: Entry[Any]) -> bool:
     """Whether the module an engine `requires` (if any) is importable."""
-    need = entry.attrs.get("requires")
+    need = entry.traits.requires
     return need is None or importlib.util.find_spec(need) is not None
 
 
 def auto_engine(entries: list[Entry[Any]]) -> str:
     """The available engine with the lowest `auto_rank` among `entries` (those without one are skipped)."""
-    ranked = sorted((e for e in entries if e.attrs.get("auto_rank") is not None), key=lambda e: e.attrs["auto_rank"])
+    ranked = sorted((e for e in entries if e.traits.auto_rank is not None), key=lambda e: e.traits.auto_rank)
     for entry in ranked:
         if is_available(entry):
             return entry.name
@@ -58,8 +58,8 @@ def engine_name(cfg: EngineConfig) -> str:
         return auto_engine(ENGINES.entries())
     entry = ENGINES.get(cfg.name, "engine.name")
     if not is_available(entry):
-        hint = entry.attrs.get("install")
-        raise ConfigError(f"engine.name={cfg.name}: {entry.attrs['requires']} is not installed"
+        hint = entry.traits.install
+        raise ConfigError(f"engine.name={cfg.name}: {entry.traits.requires} is not installed"
                           + (f" ({hint})" if hint else ""))
     return entry.name
 
@@ -70,7 +70,7 @@ def check_engine_runs(cfg: EngineConfig, model_path: str) -> None:
     back when the engine starts)."""
     if cfg.name == "auto":
         return
-    check = ENGINES.get(engine_name(cfg), "engine.name").attrs.get("model_check")
+    check = ENGINES.get(engine_name(cfg), "engine.name").traits.model_check
     reason = check(model_path) if check is not None else None
     if reason:
         raise ConfigError(f"engine.name={cfg.name}: {reason}; use engine.name=hf (any transformers model)")

@@ -196,5 +196,5 @@ def openai_agent(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequ
     gather_ms: how long the engine waits for more calls before generating (cut short when every running program is waiting)
     """
     raise UpslopeError("rollout.kind=openai_agent needs the run's config: get it with "
-                       "upslope.train.collect.make_rollout(cfg, tokenizer)")
+                       "upslope.rollout.plugin.make_rollout(cfg, tokenizer)")
 

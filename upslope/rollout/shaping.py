@@ -1,5 +1,5 @@
 """Rollout-shaping plugins: rollouts that stop, or restart, a sampled completion.
-Each wraps the engine's plain `generate`; the batch is built by `stages.groups_to_batch`."""
+Each wraps the engine's plain `generate`; the batch is built by `groups_to_batch`."""
 from __future__ import annotations
 
 import math
@@ -7,12 +7,14 @@ import random
 from dataclasses import replace
 from typing import Any, Sequence
 
+import torch
+
 from upslope.batch import Batch
 from upslope.bounds import Count, Fraction
 from upslope.data.types import Example
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import Completion, Engine, SamplingParams
-from upslope.train.stages import groups_to_batch
+from upslope.rollout.plugin import groups_to_batch
 
 
 def espo_stop(logprobs: Sequence[float], mu: float, sd: float, *, margin: float, min_tokens: int) -> int | None:
@@ -50,6 +52,7 @@ def espo_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequ
     sd = math.sqrt(sum((-x - mu) ** 2 for x in lps) / max(len(lps) - 1, 1))
     out: list[list[Completion]] = []
     extra: list[dict[str, Any]] = []
+    override: list[float] = []  # each completion's reward: fail_reward once stopped, else NaN (scored as usual)
     for comps in groups:
         kept = []
         for c in comps:
@@ -60,10 +63,11 @@ def espo_rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequ
             else:
                 kept.append(c)
             saved = len(c.token_ids) - t if stopped and t is not None else 0
-            extra.append({"metrics": {"espo/stopped": float(stopped), "espo/saved_tokens": float(saved)},
-                          **({"reward_override": fail_reward} if stopped else {})})
+            extra.append({"metrics": {"espo/stopped": float(stopped), "espo/saved_tokens": float(saved)}})
+            override.append(fail_reward if stopped else math.nan)
         out.append(kept)
-    return groups_to_batch(prompt_ids, examples, out, params, pad_id, engine.version, group_offset, extra)
+    batch = groups_to_batch(prompt_ids, examples, out, params, pad_id, engine.version, group_offset, extra)
+    return replace(batch, reward_override=torch.tensor(override, dtype=torch.float32))
 
 
 def noisy_prefix(tokens: Sequence[int], pool: Sequence[int], *, length: int, noise: float,

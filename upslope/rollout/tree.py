@@ -17,7 +17,7 @@ from upslope.data.types import Example
 from upslope.errors import ConfigError
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import Completion, Engine, SamplingParams
-from upslope.train.stages import groups_to_batch
+from upslope.rollout.plugin import groups_to_batch
 
 
 @dataclass

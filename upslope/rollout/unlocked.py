@@ -15,13 +15,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from upslope.agents.engine_queue import GenerationQueue
-from upslope.agents.rollout import AgentRun, Trajectory, _model_turn, trajectory_meta
-from upslope.batch import Batch, build_batch
+from upslope.batch import Batch
 from upslope.bounds import NonNegative, PositiveCount
 from upslope.data.types import Example
 from upslope.errors import UpslopeError
 from upslope.registry import ROLLOUTS
 from upslope.rollout.base import Engine, SamplingParams
+from upslope.rollout.multi_turn import AgentRun, Trajectory, finish, take_turn, trajectories_batch
 
 if TYPE_CHECKING:
     from upslope.config import Config
@@ -37,15 +37,7 @@ def advance(run: AgentRun, queue: GenerationQueue, tr: Trajectory, params: Sampl
                 break
             limit = min(run.cfg.max_turn_tokens or budget, budget - len(tr.ids))
             comp = queue.generate(tr.prompt + tr.ids, replace(params, n=1, max_new_tokens=limit))
-            _model_turn(run, tr, comp, limit, budget, stop_ids)
-            pending, tr.pending = tr.pending, None
-            if pending is None:
-                continue
-            if len(tr.ids) + len(pending) >= budget:  # no room for the reply and a turn after it: cut here
-                tr.done = tr.truncated = tr.reply_cut = True
-                continue
-            tr.append(pending, None, trained=False)
-            tr.hints += int(tr.pending_hint)
+            take_turn(run, tr, comp, limit, budget, stop_ids)
     finally:
         queue.close_caller()
 
@@ -61,21 +53,16 @@ def run_unlocked(run: AgentRun, engine: Engine, examples: Sequence[Example], par
             list(pool.map(lambda tr: advance(run, queue, tr, params, stop_ids), trajs))
     finally:
         queue.close()
-    for tr in trajs:  # every declared part, in declared order (the first decides accuracy), then any others
-        tr.done = True
-        tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
+    finish(trajs)
     return trajs
 
 
 def multi_turn_unlocked_batch(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example],
                               params: SamplingParams, pad_id: int, group_offset: int = 0, *, run: AgentRun,
                               concurrency: int = 64, gather_s: float = 0.02) -> Batch:
-    """The unlocked trajectories as a Batch, as multi_turn builds it (environment tokens masked)."""
+    """The unlocked trajectories as a Batch, as multi_turn builds it (environment tokens masked, the SFT term)."""
     trajs = run_unlocked(run, engine, examples, params, group_offset, concurrency=concurrency, gather_s=gather_s)
-    return build_batch([t.prompt for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
-                       [t.group for t in trajs], [t.truncated for t in trajs], pad_id, engine.version,
-                       [trajectory_meta(run, t, params.max_new_tokens) for t in trajs],
-                       completion_loss_masks=[t.mask for t in trajs])
+    return trajectories_batch(run, trajs, params, pad_id, engine.version)
 
 
 def build_multi_turn_unlocked(cfg: Config, tokenizer: Any, evaluation: bool = False) -> Callable[..., Batch]:
@@ -96,4 +83,4 @@ def multi_turn_unlocked(engine: Engine, prompt_ids: Sequence[list[int]], example
     gather_ms: how long the engine waits for more turns before generating (cut short when every trajectory in flight is waiting)
     """
     raise UpslopeError("rollout.kind=multi_turn_unlocked needs the run's agent section: get it with "
-                       "upslope.train.collect.make_rollout(cfg, tokenizer)")
+                       "upslope.rollout.plugin.make_rollout(cfg, tokenizer)")

@@ -14,6 +14,7 @@ the CPU) and fully for generation; `tensor_parallel_size` splits it over several
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from upslope.config import EngineConfig
     from upslope.rollout.engines import EngineContext
 
+log = logging.getLogger(__name__)
+
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
@@ -34,6 +37,37 @@ def vllm_available() -> bool:
 
 def _cpu_only() -> bool:
     return not torch.cuda.is_available()
+
+
+def _has_space(path: str) -> bool:
+    return any(c.isspace() for c in path)
+
+
+def work_around_spaced_install() -> None:
+    """From an install whose path has spaces (a clone in "/tmp/my project"), torch's compiler puts
+    its include paths unquoted on the C++ compiler's command line and cannot build the helpers vLLM
+    compiles (log-prob ranks): they run uncompiled instead. Said once, in one line."""
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    if _has_space(site) and not torch._dynamo.config.disable:
+        torch._dynamo.config.disable = True
+        log.warning("vllm: this Python environment lives in a path with spaces (%s), where torch's compiler "
+                    "cannot build: vLLM's compiled helpers run uncompiled", site)
+
+
+def drop_spaced_preloads(before: str | None) -> None:
+    """vLLM on CPU adds its libraries to LD_PRELOAD for the processes started after it. The loader
+    splits that list at spaces too, so an entry it added in a path with spaces would only print two
+    loader errors in every child process: it is dropped (the engine runs in this process, which is
+    loaded already)."""
+    after = os.environ.get("LD_PRELOAD")
+    if not after or after == before:
+        return
+    old = set((before or "").split(":"))
+    kept = [p for p in after.split(":") if p and (p in old or not _has_space(p))]
+    if kept:
+        os.environ["LD_PRELOAD"] = ":".join(kept)
+    else:
+        del os.environ["LD_PRELOAD"]
 
 
 def configure_vllm_env() -> None:
@@ -45,6 +79,7 @@ def configure_vllm_env() -> None:
     from upslope.logs import quiet
 
     quiet.install()  # before vLLM's first import, which logs and warns the noise it filters
+    work_around_spaced_install()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if _cpu_only():
@@ -88,11 +123,13 @@ class VLLMEngine(Engine):
         threads = torch.get_num_threads()
         from upslope.logs.quiet import VLLM_START_NOISE, filtered_stderr
 
+        preload = os.environ.get("LD_PRELOAD")
         try:
             with filtered_stderr(VLLM_START_NOISE):
                 self.llm = LLM(**kwargs)
         finally:
             torch._C.set_num_threads(threads)  # vLLM's CPU worker changes it, then makes torch.set_num_threads a no-op
+            drop_spaced_preloads(preload)
         self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

@@ -1,10 +1,12 @@
 """Per-run control groups: one memory and process-count limit for everything a run starts.
 
-cgroup v2 (one unified hierarchy with the memory and pids controllers) is used where this
+cgroup v2 (a unified hierarchy holding the memory and pids controllers) is used where this
 process may create groups at the hierarchy's root; otherwise cgroup v1 (separate memory and
-pids hierarchies, as in many containers and VMs); otherwise none, and the caller falls back
-to per-process rlimits plus a supervisor that sums the run's resident memory
-(`tree_pids`, `rss_bytes`). `available()` probes once and says which, or why none.
+pids hierarchies, as in many containers and VMs). The hierarchies are found where they are
+mounted (/proc/self/mounts): on a "hybrid" host the controllers sit on v1 and the v2 mount
+beside them (/sys/fs/cgroup/unified) holds none, so v1 is the one used. Otherwise none, and
+the caller falls back to per-process rlimits plus a supervisor that sums the run's resident
+memory (`tree_pids`, `rss_bytes`). `available()` probes once and says which, or why none.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import threading
 import time
 
 _V2_ROOT = "/sys/fs/cgroup"
-_V1_ROOTS = {"memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids"}
 _counter = iter(range(1 << 62))
 _counter_lock = threading.Lock()
 
@@ -34,16 +35,36 @@ def _read(path: str) -> str:
         return ""
 
 
-def _fs_type(path: str) -> str:
+def _cgroup_mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, "cgroup" or "cgroup2", mount options) of every cgroup file system."""
+    out = []
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 2 and parts[1] == path:
-                    return parts[2]
+                if len(parts) > 3 and parts[2] in ("cgroup", "cgroup2"):
+                    out.append((parts[1].replace("\\040", " "), parts[2], set(parts[3].split(","))))
     except OSError:
         pass
-    return ""
+    return out
+
+
+def v2_root() -> str | None:
+    """The cgroup v2 mount that holds the memory and pids controllers, if any."""
+    for point, kind, _ in sorted(_cgroup_mounts(), key=lambda m: m[0] != _V2_ROOT):
+        if kind == "cgroup2" and {"memory", "pids"} <= set(_read(os.path.join(point, "cgroup.controllers")).split()):
+            return point
+    return None
+
+
+def v1_roots() -> dict[str, str]:
+    """controller -> mount point of the cgroup v1 hierarchies of memory and pids that exist."""
+    found = {}
+    for point, kind, options in _cgroup_mounts():
+        for controller in ("memory", "pids"):
+            if kind == "cgroup" and controller in options and controller not in found:
+                found[controller] = point
+    return found
 
 
 class RunGroup:
@@ -159,22 +180,23 @@ class Cgroups:
 
 
 def _setup_v2() -> Cgroups:
-    if _fs_type(_V2_ROOT) != "cgroup2":
-        raise OSError(f"{_V2_ROOT} is not a cgroup v2 mount")
-    if not {"memory", "pids"} <= set(_read(os.path.join(_V2_ROOT, "cgroup.controllers")).split()):
-        raise OSError("cgroup v2 has no memory and pids controllers here")
-    _write(os.path.join(_V2_ROOT, "cgroup.subtree_control"), "+memory +pids")
-    parent = os.path.join(_V2_ROOT, f"upslope-sandbox-{os.getpid()}")
+    root = v2_root()
+    if root is None:
+        raise OSError("no cgroup v2 mount holds the memory and pids controllers")
+    _write(os.path.join(root, "cgroup.subtree_control"), "+memory +pids")
+    parent = os.path.join(root, f"upslope-sandbox-{os.getpid()}")
     os.makedirs(parent, exist_ok=True)
     _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
     return Cgroups(2, {"unified": parent})
 
 
 def _setup_v1() -> Cgroups:
+    roots = v1_roots()
+    missing = [c for c in ("memory", "pids") if c not in roots]
+    if missing:
+        raise OSError(f"no cgroup v1 {' and '.join(missing)} hierarchy is mounted")
     parents = {}
-    for controller, root in _V1_ROOTS.items():
-        if _fs_type(root) != "cgroup":
-            raise OSError(f"no cgroup v1 {controller} hierarchy at {root}")
+    for controller, root in roots.items():
         parents[controller] = os.path.join(root, f"upslope-sandbox-{os.getpid()}")
         os.makedirs(parents[controller], exist_ok=True)
     hier = os.path.join(parents["memory"], "memory.use_hierarchy")
@@ -192,7 +214,8 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale() -> None:
     """Remove the groups of sandboxes whose process is gone (a trainer killed mid-run)."""
-    for root in (_V2_ROOT, *_V1_ROOTS.values()):
+    v2 = v2_root()
+    for root in {*([v2] if v2 else []), *v1_roots().values()}:
         try:
             names = os.listdir(root)
         except OSError:
@@ -203,7 +226,7 @@ def sweep_stale() -> None:
                 continue
             parent = os.path.join(root, name)
             runs = [os.path.join(parent, r) for r in os.listdir(parent) if r.startswith("run-")]
-            version = 2 if root == _V2_ROOT else 1
+            version = 2 if root == v2 else 1
             for run in runs:
                 RunGroup(version, {"unified" if version == 2 else "x": run}).remove()
             try:

@@ -7,6 +7,11 @@ install prefixes (a virtualenv and the Python it was made from). Fresh: /proc, a
 /mnt, /home, /root, /run, /sys, no project directory, data set or model cache, and so no
 host socket file or FIFO to connect to or write into.
 
+The interpreter may live anywhere, /tmp and /dev/shm included: its prefixes are bound after
+the run's fresh /tmp and /dev/shm (`interpreter_args` goes after the tmpfs arguments), at the
+path the program is started with and at its resolved path, so a virtualenv under /tmp, one
+reached through a symlink, and the base Python a virtualenv names in pyvenv.cfg are all seen.
+
 As root, /tmp and /dev/shm are one tmpfs per run mounted here with both a size and an
 inode limit (bubblewrap's own --tmpfs has no inode option); otherwise bubblewrap's tmpfs,
 with the size limit only.
@@ -33,26 +38,66 @@ _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+# Mount points the sandbox builds itself; an interpreter prefix may lie below one but not be one.
+RUN_MOUNTS = ("/tmp", "/dev/shm", "/dev", "/proc")
+
+
+def _prefix_of(executable: str) -> str:
+    """The install prefix of an interpreter: the directory above `bin/`, else its own directory."""
+    parent = os.path.dirname(executable)
+    return os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent
+
+
+def _venv_home(prefix: str) -> str | None:
+    """The base interpreter's directory that a virtualenv's pyvenv.cfg names (`home = ...`)."""
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg")) as f:
+            for line in f:
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "home" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 def interpreter_roots(python: str) -> list[str]:
-    """Directories the interpreter needs: every install prefix along its symlink chain."""
+    """Directories the interpreter needs: every install prefix along its symlink chain, the base
+    installation a virtualenv was made from (pyvenv.cfg `home`), each both as named and resolved."""
     roots: set[str] = set()
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # not another venv of the same base
         roots.update({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
-    path, seen = os.path.abspath(python), 0
-    while seen < 40:
-        parent = os.path.dirname(path)
-        roots.add(os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent)
-        if not os.path.islink(path):
-            break
-        path = os.path.join(parent, os.readlink(path))
-        seen += 1
+    todo, seen = [os.path.abspath(python)], set()
+    while todo and len(seen) < 40:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        prefix = _prefix_of(path)
+        roots.add(prefix)
+        home = _venv_home(prefix)
+        if home:
+            base = os.path.join(home, "python3")
+            todo.append(base if os.path.exists(base) else os.path.join(home, "python"))
+            roots.add(_prefix_of(os.path.join(home, "python")))
+        if os.path.islink(path):
+            todo.append(os.path.join(os.path.dirname(path), os.readlink(path)))
     out = {os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots}
     # /usr is bound anyway; a root that is a system directory itself would widen the view
     return sorted(r for r in out if r not in ("/", "/usr", "/usr/local") and os.path.isdir(r))
 
 
-def allowlist_args(python: str) -> list[str]:
-    """bubblewrap arguments that build the read-only part of the program's view."""
+def interpreter_problem(python: str) -> str | None:
+    """One line when the sandbox cannot show this interpreter to a program, else None."""
+    for root in interpreter_roots(python):
+        if root in RUN_MOUNTS or any(m.startswith(root + "/") for m in RUN_MOUNTS):
+            return (f"the interpreter {python} is installed directly in {root}, which the sandbox replaces "
+                    "with a fresh one; install it (or its virtualenv) in a directory of its own")
+    return None
+
+
+def system_args() -> list[str]:
+    """bubblewrap arguments for the read-only system part of the program's view."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in _TOP:
         if os.path.islink(top):
@@ -63,7 +108,14 @@ def allowlist_args(python: str) -> list[str]:
     for path in _ETC:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    made: set[str] = set()
+    return args
+
+
+def interpreter_args(python: str) -> list[str]:
+    """bubblewrap arguments that show the interpreter's install, read-only; they come after the
+    run's /tmp and /dev/shm are mounted, so that a prefix below them is not hidden."""
+    args: list[str] = []
+    made: set[str] = set(RUN_MOUNTS)  # exist already, with their own modes
     for root in interpreter_roots(python):
         if root.startswith("/usr/"):
             continue

@@ -39,7 +39,8 @@ import time
 import upslope.sandbox.cgroup as cgroup
 import upslope.sandbox.seccomp as seccomp
 from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
-from upslope.sandbox.mounts import RunTmpfs, allowlist_args, sweep_stale_tmpfs, tmpfs_args
+from upslope.sandbox.mounts import (RunTmpfs, interpreter_args, interpreter_problem, sweep_stale_tmpfs, system_args,
+                                    tmpfs_args)
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -68,6 +69,16 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """Warn once per process (every pool and tool makes its own Sandbox)."""
+    if line not in _said:
+        _said.add(line)
+        log.warning(line)
+
+
 @functools.lru_cache(maxsize=None)
 def bwrap_problem() -> str | None:
     """None when bubblewrap can build a sandbox here; otherwise one line saying why not."""
@@ -78,7 +89,8 @@ def bwrap_problem() -> str | None:
     if missing:
         return f"the sandbox needs {' and '.join(missing)} (package util-linux), not found on PATH"
     ns = _NAMESPACES_ROOT if _is_root() else _NAMESPACES_USER
-    argv = ["bwrap", *ns, "--die-with-parent", *allowlist_args(sys.executable), "--proc", "/proc", "--dev", "/dev", "--", "true"]
+    argv = ["bwrap", *ns, "--die-with-parent", *system_args(), "--proc", "/proc", "--dev", "/dev",
+            *tmpfs_args(1 << 20), *interpreter_args(sys.executable), "--", "true"]
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -158,6 +170,39 @@ class Sandbox:
         if self.root and self.mode == "bwrap":
             sweep_stale_tmpfs()
         self._seccomp = seccomp.build_filter() if self.mode == "bwrap" and seccomp.supported() else None
+        if self.mode:
+            why = self._interpreter_problem()
+            if why:
+                self.mode, self.problem = "", why
+        if self.mode and self.cgroups is None:
+            _say_once(f"sandbox: {self.limits_summary()}")
+
+    def _interpreter_problem(self) -> str | None:
+        """One line when a Python program cannot start here (the interpreter is missing, hidden
+        or unreadable inside the sandbox), found by running one; else None."""
+        python = self.config.python
+        why = interpreter_problem(python) if self.mode == "bwrap" else None
+        if why or not os.path.exists(python):
+            return why or f"the sandbox's interpreter {python} does not exist (SandboxConfig.python)"
+        res = self.run(Job(code="pass", timeout_s=max(self.config.timeout_s, 30.0)))
+        if res.status in (Status.OK, Status.TIMEOUT):  # a timeout here says the host is busy, not broken
+            return None
+        lines = (res.error or res.stderr).strip().splitlines()
+        detail = lines[-1] if lines else f"{res.status}, exit code {res.exit_code}"
+        hint = ""
+        if self.root and "ermission denied" in detail:
+            hint = "; programs run as an unprivileged uid, so the interpreter's install must be readable by all users"
+        return f"the sandbox cannot start the interpreter {python} ({detail}){hint}"
+
+    def limits_summary(self) -> str:
+        """One line: how a run's memory is limited here, in all and per process."""
+        cfg = self.config
+        each = f"memory_mb={cfg.memory_mb} per process (RLIMIT_AS)"
+        total = cfg.run_memory_bytes >> 20
+        if self.cgroups is not None:
+            return f"each run is limited to {total} MiB in all by its cgroup (v{self.cgroups.version}), and to {each}"
+        return (f"no per-run cgroup here ({self.cgroup_problem}): the memory limit holds {each} only; the run's "
+                f"{total} MiB in all is checked every 0.1 s from its resident memory (can overshoot)")
 
     def _weak_problem(self) -> str | None:
         needed = ["prlimit"] + (["setpriv"] if self.root else [])
@@ -180,11 +225,12 @@ class Sandbox:
     # ---------------------------------------------------------------- command lines
     def _bwrap_static_args(self) -> list[str]:
         args = [self._tools["bwrap"], *(_NAMESPACES_ROOT if self.root else _NAMESPACES_USER)]
-        args += ["--die-with-parent", "--new-session", "--as-pid-1", *allowlist_args(self.config.python)]
+        args += ["--die-with-parent", "--new-session", "--as-pid-1", *system_args()]
         return args + ["--dev", "/dev", "--proc", "/proc"]
 
     def _bwrap_final_args(self) -> list[str]:
-        args = ["--chdir", WORK_DIR, "--remount-ro", "/", "--cap-drop", "ALL"]
+        """After the run's /tmp, /dev/shm and files: the interpreter (which may live below them)."""
+        args = [*interpreter_args(self.config.python), "--chdir", WORK_DIR, "--remount-ro", "/", "--cap-drop", "ALL"]
         if self.root:  # setpriv inside needs these two to drop to the run's own uid
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return args

@@ -47,7 +47,7 @@ def check_plugin_options(section: Section, prefix: str = "") -> None:
     if isinstance(section, Config):
         if section.data.path is None:
             TASKS.bind(section.data.task, section.data.options, where="data.options")
-        if not ROLLOUTS.get(section.rollout.kind, "rollout.kind").attrs.get("setup"):
+        if not ROLLOUTS.get(section.rollout.kind, "rollout.kind").traits.setup:
             ROLLOUTS.bind(section.rollout.kind, section.rollout.options, where="rollout.options")
 
 

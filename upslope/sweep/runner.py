@@ -224,7 +224,7 @@ def run_inprocess(command: str, recipe: str | None, args: list[str]) -> str | No
     """A trial-rung in this process (what `upslope COMMAND` does, without its start-up); its error line or None."""
     from upslope.config import load_config
     from upslope.fsutil import check_run_dir
-    from upslope.train.api import run_trainer
+    from upslope.launch import run_trainer
 
     try:
         cfg = load_config(recipe, args)

@@ -117,7 +117,7 @@ class SweepSpec(Section):
     @field_validator("command")
     @classmethod
     def _command(cls, command: str) -> str:
-        from upslope.train.api import TRAINERS
+        from upslope.launch import TRAINERS
 
         if command not in TRAINERS:
             near = difflib.get_close_matches(command, list(TRAINERS), n=1)

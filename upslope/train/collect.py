@@ -1,6 +1,10 @@
 """The collect stage every sampling method shares: draw prompts -> rollout -> reward -> keep,
 in resampling rounds until enough groups are kept. Online RL keeps what its filters keep,
-on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep everything."""
+on-policy DPO keeps best/worst pairs, RFT, distillation and evaluation keep everything.
+
+Where the groups come from is a `RoundRollout`: the run's rollout plugin on this process's engine
+(`on_engine`), or the Ray rollout workers' jobs (`upslope.train.pipeline`), which may hand a round
+over in pieces as its jobs finish."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -10,11 +14,17 @@ import torch
 
 from upslope.batch import Batch, concat, in_group_order
 from upslope.data.types import Example
-from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn
 from upslope.rollout.base import Engine, SamplingParams
+from upslope.rollout.plugin import RolloutFn
+from upslope.seeding import seed_everything
 from upslope.train import stages
 from upslope.train.timing import StageClock
+
+# a round's prompts, examples, sampling parameters and first group id -> its groups, in one or more pieces
+RoundRollout = Callable[[list[list[int]], list[Example], SamplingParams, int], Iterable[Batch]]
+Draw = Callable[[int], Sequence[int]]  # k -> k prompt indices
+Keep = Callable[[Batch], Batch]  # a scored piece of whole groups -> the groups kept
 
 
 @dataclass
@@ -27,6 +37,29 @@ class Task:
     combiner: Callable[..., torch.Tensor] | None = None
     fallback: float = 0.0
     tokenizer: Any = None  # the policy's: places rewards inside completions as token rewards (None: not placed)
+    pad_id: int = 0  # the tokenizer's pad id: what batches of this task are padded with
+    strict_rewards: bool = True  # a reward that fails on every sample of a round is an error (evaluation: no)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How `collect` draws and when it stops: `want` groups kept, `per_round` prompts drawn in the
+    first round (default `want`), later rounds drawing the missing groups (`refill`) or `per_round`
+    again, at most 1 + `max_rounds` rounds. With `merge_repeats`, a prompt drawn k times in one round
+    is one group of k x n rollouts (the sampler's trait: CERO). With `reseed`, every RNG is seeded
+    with it at the start of each round, as the training loop seeds each step."""
+
+    want: int
+    per_round: int | None = None
+    refill: bool = True
+    max_rounds: int = 0
+    merge_repeats: bool = False
+    reseed: int | None = None
+
+    @property
+    def first(self) -> int:
+        """Prompts drawn in the first round."""
+        return self.per_round or self.want
 
 
 @dataclass
@@ -46,28 +79,19 @@ class Collected:
         return len(self.indices)
 
 
-def rollout_fn(kind: str) -> stages.RolloutFn:
-    """The rollout plugin named by `rollout.kind` (unknown names: one ConfigError line)."""
-    return ROLLOUTS.get(kind, "rollout.kind").fn
+def on_engine(engine: Engine, rollout: RolloutFn, pad_id: int) -> RoundRollout:
+    """The rollout plugin on this process's engine, a round in one piece (generated when asked for)."""
+    def whole_round(prompts: list[list[int]], examples: list[Example], params: SamplingParams,
+                    group_offset: int) -> Iterator[Batch]:
+        yield rollout(engine, prompts, examples, params, pad_id, group_offset=group_offset)
+    return whole_round
 
 
-def make_rollout(cfg: Any, tokenizer: Any, evaluation: bool = False) -> stages.RolloutFn:
-    """The rollout of a run: a plugin registered with `setup=fn(cfg, tokenizer, evaluation)` (e.g. multi_turn,
-    which needs the agent section) is built by it; a plain one is bound to `rollout.options`. For `evaluation`,
-    a plugin registered `train_only` (a training-time shaping of the samples: tree branching, noisy
-    prefixes, early stops) gives way to plain sampling, and a setup plugin drops its training-time help
-    (multi_turn: no guidance hints), so the held-out score is the policy's own."""
-    entry = ROLLOUTS.get(cfg.rollout.kind, "rollout.kind")
-    if evaluation and entry.attrs.get("train_only"):
-        return ROLLOUTS.bind("single_turn", {}, "rollout.options")
-    setup = entry.attrs.get("setup")
-    if setup is not None:
-        ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")  # its options are checked all the same
-        return setup(cfg, tokenizer, evaluation)
-    return ROLLOUTS.bind(cfg.rollout.kind, cfg.rollout.options, "rollout.options")
-
-
-PiecesFn = Callable[..., Iterable[Batch]]  # a RolloutFn's arguments -> the round's groups, a piece at a time
+def joined(pieces: RoundRollout, pad_id: int) -> RoundRollout:
+    """Pieces joined into one: the whole round, in group order, once every piece has arrived."""
+    def whole(*args: Any) -> Iterator[Batch]:
+        yield in_group_order(list(pieces(*args)), pad_id)
+    return whole
 
 
 def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Batch:
@@ -78,40 +102,37 @@ def merge_repeated_prompts(batch: Batch, idx: Sequence[int], offset: int) -> Bat
     return replace(batch, group_ids=remap[batch.group_ids - offset])
 
 
-def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sampling: Callable[[int], SamplingParams],
-            pad_id: int, *, want: int, per_round: int, refill: bool = True, max_rounds: int = 0,
-            keep: Callable[[Batch], Batch] | None = None, rollout: stages.RolloutFn = stages.rollout,
-            clock: StageClock | None = None, strict_rewards: bool = True, merge_repeats: bool = False,
-            pieces: PiecesFn | None = None, on_kept: Callable[[Batch], None] | None = None) -> Collected:
-    """Rounds of: `draw(k)` prompt indices (`per_round` in the first round; later rounds draw the
-    missing groups with `refill`, else `per_round` again), `rollout` with `sampling(round)`,
-    reward, then `keep` (default: keep all). Stops once `want` groups are kept or after
-    1 + `max_rounds` rounds. Group ids are unique across rounds. With `merge_repeats`, a prompt
-    drawn k times in one round is one group of k x n rollouts (a variable n per prompt: CERO).
+def collect(task: Task, rollout: RoundRollout, draw: Draw, params: SamplingParams, rounds: Rounds,
+            keep: Keep | None = None, *, clock: StageClock | None = None,
+            on_kept: Callable[[Batch], None] | None = None) -> Collected:
+    """Rounds of: `draw(k)` prompt indices, `rollout` with `params` (round r samples with seed + r),
+    reward, then `keep` (default: keep all), until `rounds.want` groups are kept or the rounds run out
+    (see `Rounds`). Group ids are unique across rounds.
 
-    With `pieces` (the Ray workers' jobs, as they finish) a round arrives in pieces of whole groups:
-    each is rewarded and kept on arrival and what it keeps goes to `on_kept` at once (the streamed
-    update; with `refill`, every kept group is in the batch), so the reward and the keep step must
-    be per group; a round's pieces are joined in group order, as one rollout would return them.
-    A prompt's repeats may arrive in different pieces, so `merge_repeats` takes each round whole."""
-    if on_kept is not None and not refill:
+    A round may arrive in pieces of whole groups (the Ray workers' jobs, as they finish): each is
+    rewarded and kept on arrival and what it keeps goes to `on_kept` at once (the streamed update;
+    with `refill`, every kept group is in the batch), so the reward and the keep step must be per
+    group; a round's pieces are joined in group order, as one rollout would return them. A prompt's
+    repeats may arrive in different pieces, so `merge_repeats` takes each round whole."""
+    if on_kept is not None and not rounds.refill:
         raise ValueError("collect: on_kept needs refill (without it the batch is cut to `want` groups at the end)")
-    if on_kept is not None and merge_repeats:
+    if on_kept is not None and rounds.merge_repeats:
         raise ValueError("collect: on_kept cannot stream merged repeats (a prompt's group spans pieces)")
     clock = clock or StageClock()
+    pad_id, want = task.pad_id, rounds.want
     seen: list[Batch] = []
     kept: list[Batch] = []
     metrics: dict[str, Any] = {}
     groups = dropped = 0
     indices: list[int] = []
-    generate = pieces or whole_round(rollout)
-    if merge_repeats and pieces is not None:
-        generate = joined(pieces, pad_id)
-    for round_ in range(max_rounds + 1):
-        idx = list(draw(want - groups if round_ and refill else per_round))
+    generate = joined(rollout, pad_id) if rounds.merge_repeats else rollout
+    for round_ in range(rounds.max_rounds + 1):
+        idx = list(draw(want - groups if round_ and rounds.refill else rounds.first))
         offset = len(indices)
-        parts = iter(generate(engine, [task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx],
-                              sampling(round_), pad_id, group_offset=offset))
+        if rounds.reseed is not None:
+            seed_everything(rounds.reseed)
+        round_params = params if round_ == 0 or params.seed is None else replace(params, seed=params.seed + round_)
+        parts = iter(generate([task.prompt_ids[i] for i in idx], [task.examples[i] for i in idx], round_params, offset))
         scored, kept_now, round_metrics, errors = [], [], {}, {}
         round_kept = 0
         while True:
@@ -119,7 +140,7 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
                 b = next(parts, None)
             if b is None:
                 break
-            if merge_repeats:
+            if rounds.merge_repeats:
                 b = merge_repeated_prompts(b, idx, offset)
             if task.reward_fns:
                 with clock("reward"):
@@ -133,12 +154,13 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
             if b.size:
                 kept_ids = b.group_ids.unique().tolist()
                 # a merged group counts once per draw it holds: `want` stays a budget of draws of n rollouts
-                round_kept += sum(idx.count(idx[g - offset]) for g in kept_ids) if merge_repeats else len(kept_ids)
+                round_kept += (sum(idx.count(idx[g - offset]) for g in kept_ids) if rounds.merge_repeats
+                               else len(kept_ids))
                 kept_now.append(b)
                 if on_kept is not None:
                     on_kept(b)
         size = sum(b.size for b in scored)
-        if strict_rewards:
+        if task.strict_rewards:
             stages.check_reward_failures(round_metrics, errors, size)
         for k, v in round_metrics.items():
             metrics[k] = metrics.get(k, 0.0) + v
@@ -159,18 +181,3 @@ def collect(engine: Engine, task: Task, draw: Callable[[int], Sequence[int]], sa
         first = batch.group_ids.unique()[:want]
         batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, first)).flatten())
     return Collected(batch, everything, metrics, indices, groups, dropped)
-
-
-def joined(pieces: PiecesFn, pad_id: int) -> PiecesFn:
-    """Pieces joined into one: the whole round, in group order, once every piece has arrived."""
-    def whole(*args: Any, **kwargs: Any) -> Iterator[Batch]:
-        yield in_group_order(list(pieces(*args, **kwargs)), pad_id)
-    return whole
-
-
-def whole_round(rollout: stages.RolloutFn) -> PiecesFn:
-    """A rollout as the pieces of a round: one piece, the whole round, generated when it is asked for."""
-    def pieces(*args: Any, **kwargs: Any) -> Iterator[Batch]:
-        yield rollout(*args, **kwargs)
-    return pieces
-

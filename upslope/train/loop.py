@@ -1,64 +1,47 @@
 """The loop every trainer shares (BaseTrainer): set up, then step -> log -> evaluate ->
-checkpoint, with exact resume. The stages are functions in `upslope.train.stages` and
-`upslope.train.collect`, the update is `Updater.update` with the method's objective; the
-trainers in `upslope.train.trainers` wire them together."""
+checkpoint, with exact resume. A method's step reads its batch from a batch source, prepares it,
+updates the learner with its objective and pushes the weights to a sink (`upslope.train.sources`);
+the trainers in `upslope.train.trainers` wire those parts together."""
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 
 from upslope import checkpoint as ckpt
-from upslope.batch import Batch
 from upslope.config import Config, dump
 from upslope.data import is_single_file, load_examples, overlap
 from upslope.data.prompts import check_reply_fits, encode_prompts
-from upslope.data.types import Example
 from upslope.data.samplers import make_sampler, sampler_examples
-from upslope.errors import ConfigError
-from upslope.dist import group
+from upslope.data.types import Example
+from upslope.distributed import group
 from upslope.eval.runner import evaluate, load_eval_examples
 from upslope.logs.plot import plot_run
 from upslope.logs.progress import Report, step_display
 from upslope.logs.sinks import MetricsLogger, read_metrics, sample_rows, tracker_plugins
 from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns, check_rewards
-from upslope.rollout.base import SamplingParams
+from upslope.rewards.context import RewardContext
+from upslope.rollout.plugin import make_rollout, rollout_fn
 from upslope.runtime import Runtime
-from upslope.train.collect import Collected, Task, collect, make_rollout, rollout_fn
-from upslope.train.learner.memory import release_freed_memory
+from upslope.seeding import seed_step
+from upslope.train.collect import Keep, Rounds, Task
 from upslope.train.learner.updater import SHARDED_STATE, Updater, default_device
+from upslope.train.sources import BatchSource, EngineSink, LocalCollector, WeightSink
 from upslope.train.timing import StageClock, gpu_peak_gib, throughput
-
-if TYPE_CHECKING:
-    from upslope.train.learner.stream import StreamedUpdate
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The seed of (run seed, step), without seeding anything (prefetched rollouts use it ahead of time)."""
-    return (seed * 1_000_003 + step * 7_919) % (2**31)
-
-
-def seed_step(seed: int, step: int) -> int:
-    """Seed every RNG from (seed, step), so a resumed run repeats the same randomness."""
-    s = step_seed(seed, step)
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-    return s
 
 
 class BaseTrainer:
     """The loop every trainer shares: set up, then step -> log -> evaluate -> checkpoint, with
-    exact resume. A method subclasses it and supplies `setup()` (its data, rewards, ...),
-    `setup_objective()` (what the update optimises) and `step(step) -> metrics`; everything it keeps in `self.sampler` (anything with
-    state_dict/load_state_dict) and `extra_state()` is checkpointed and resumed."""
+    exact resume. A method subclasses it and supplies `setup()` (its data, rewards, ...; a method
+    that samples sets `self.rounds` and `self.keep` for its batch source), `setup_objective()` (what
+    the update optimises) and `step(step) -> metrics`; everything it keeps in `self.sampler`
+    (anything with state_dict/load_state_dict) and `extra_state()` is checkpointed and resumed."""
 
     uses_engine = True  # start the rollout engine before step 1 (else lazily, e.g. for evaluation)
+    pushes_weights = True  # does the rollout engine follow the trained model? (a reward model's does not)
 
     def __init__(self, cfg: Config):
         group.init_from_env(cfg.dist.backend, default_device())  # a learner rank (torchrun or `spawn`)
@@ -70,7 +53,7 @@ class BaseTrainer:
         self.report = Report(enabled=self.main)
         self.check_config()
         tracker_plugins(cfg.log)  # a tracker that is not installed fails before the model loads
-        self.rollout = rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
+        rollout_fn(cfg.rollout.kind)  # an unknown rollout.kind fails before the model loads
         t = cfg.train
         torch.set_num_threads(t.threads or max((os.cpu_count() or 1) // group.world(), 1))
         torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
@@ -81,6 +64,10 @@ class BaseTrainer:
         self.clock = StageClock()
         self.eval_examples = load_eval_examples(cfg)
         self.sampler: Any = None
+        self.task: Task | None = None
+        self.reward_context: RewardContext | None = None  # what the training rewards may use (setup_task)
+        self.rounds: Rounds | None = None  # how a step collects its batch (None: it does not sample)
+        self.keep: Keep | None = None  # which collected groups it keeps (None: all)
         self.device = default_device()
         self.setup()  # before loading the policy, so that a bad plugin name fails fast
         held_out = self.eval_examples[: cfg.eval.limit] if cfg.eval.limit else self.eval_examples
@@ -90,35 +77,40 @@ class BaseTrainer:
         self.updater = self.make_updater()
         self.setup_objective()
         self.start_step = 0
+        resumed: dict[str, Any] = {}
         if t.resume:  # before the engine starts: a bad checkpoint is reported at once
-            self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
+            resumed = self._resume(ckpt.find_checkpoint(self.run_dir, t.resume))
         self.current_step = self.start_step  # the weights version the learner is at
-        self.pipe = self.start_pipe()
-        if self.uses_engine and self.main and self.pipe is None:
-            self.runtime.engine  # start the engine now, so no step's timing includes its start-up
-        self.last_samples: Batch | None = None  # the latest step's scored samples (the completion table)
+        self.source, self.sink = self.open_rollouts()
+        if self.source is not None:
+            self.source.load_state_dict(resumed)
+        # evaluation samples from the in-process engine: it is pushed the weights unless it follows them already
+        self.eval_sink = None if isinstance(self.sink, EngineSink) else EngineSink(self.runtime, self.device)
+        if self.source is not None:
+            self.source.start()  # now, so no step's timing includes its start-up
+        elif self.uses_engine and self.main:
+            self.runtime.engine
         self.logger = MetricsLogger(self.run_dir, cfg.log, resume_step=self.start_step if t.resume else None,
                                     config=cfg.model_dump(mode="json"), announce=self.report.note)
 
-    def start_pipe(self) -> Any:
-        """With dist.rollout_workers > 0 (rank 0 of a method that samples a task): the Ray rollout
-        workers and the asynchronous pipeline feeding `collect`; else None (the in-process engine)."""
-        if not (self.cfg.dist.rollout_workers and self.uses_engine and self.main and hasattr(self, "task")):
-            return None
-        import importlib.util
+    def open_rollouts(self) -> tuple[BatchSource | None, WeightSink | None]:
+        """The batch source of a method that samples (`self.rounds` set) and the sink its weights go to:
+        the Ray pipeline (both) with dist.rollout_workers > 0, else the local collector and the
+        in-process engine."""
+        source: BatchSource | None = None
+        sink: WeightSink | None = EngineSink(self.runtime, self.device) if self.uses_engine else None
+        if self.rounds is not None and self.uses_engine and self.task is not None:
+            if self.cfg.dist.rollout_workers:
+                from upslope.train.pipeline import RayPipeline, check_pipeline
 
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError(f"dist.rollout_workers={self.cfg.dist.rollout_workers}: ray is not installed "
-                              f"(pip install 'upslope[ray]')")
-        if group.world() > 1:
-            raise ConfigError("dist.rollout_workers > 0 with several learner ranks is not supported yet; "
-                              "set dist.learner_procs=1")
-        from upslope.train.async_pipe import RolloutPipe
-
-        pipe = RolloutPipe(self.cfg, self.task, self.runtime.tokenizer.pad_token_id, self.start_step,
-                           warn=self.report.warn)
-        pipe.restore(getattr(self, "_pipe_pending", {}), lambda s: self.sampling_params(s, 0))
-        return pipe
+                check_pipeline(self.cfg)
+                source = sink = RayPipeline(self.cfg, self.task, self.sampler, self.rounds, self.keep,
+                                            self.runtime.stop_ids, self.clock, self.run_dir, self.start_step,
+                                            self.report.warn)
+            else:
+                source = LocalCollector(self.cfg, self.runtime, self.task, self.sampler, self.rounds, self.keep,
+                                        self.rollout, self.clock)
+        return source, sink if self.pushes_weights else None
 
     def check_config(self) -> None:
         """Reject option combinations the method cannot run (one ConfigError line)."""
@@ -183,97 +175,20 @@ class BaseTrainer:
         check_rewards(self.reward_fns, self.examples)
         self.combiner = REWARD_COMBINERS.bind(cfg.algo.reward_combiner.name, cfg.algo.reward_combiner.options,
                                               where="algo.reward_combiner.options")
-        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback,
-                         self.runtime.tokenizer)
-
-    def collect(self, step: int, *, want: int, per_round: int | None = None, refill: bool = True,
-                max_rounds: int = 0, keep: Callable[[Batch], Batch] | None = None,
-                stream: StreamedUpdate | None = None) -> Collected:
-        """The collect stage over this method's task (see `upslope.train.collect.collect`),
-        drawing from `self.sampler`, seeded by the step and round, timed on the step's clock. With
-        several learner ranks rank 0 collects and every rank gets the batch. With the Ray workers and
-        a `stream`, kept groups go to it as they arrive and it works while the learner waits."""
-        if not self.main:
-            return group.broadcast(None)
-        if getattr(self, "reward_context", None) is not None:
-            self.reward_context.step = step
-        if self.pipe is not None:
-            return self.collect_from_pipe(step, want=want, per_round=per_round or want, refill=refill,
-                                          max_rounds=max_rounds, keep=keep, stream=stream)
-        got = collect(self.runtime.engine, self.task, self.sampler.next, lambda round_: self.sampling(step, round_),
-                      self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round or want, refill=refill,
-                      max_rounds=max_rounds, keep=keep, rollout=self.rollout, clock=self.clock,
-                      merge_repeats=self.merge_repeats)
-        engine = self.runtime.engine
-        got.metrics["rollout/engine_on_gpu"] = float(engine.device.startswith("cuda"))
-        engine.sleep()  # a GPU-colocated engine frees its memory for the learner until the next sync
-        self.last_samples = got.seen
-        return group.broadcast(got)
+        tok = self.runtime.tokenizer
+        self.task = Task(self.prompt_ids, self.examples, self.reward_fns, self.combiner, cfg.reward_fallback, tok,
+                         tok.pad_token_id)
 
     @property
     def merge_repeats(self) -> bool:
-        """Does the sampler give a prompt several draws of n rollouts as one group (its optional
-        `merge_repeats` attribute; CERO's variable rollouts per prompt)?"""
-        return bool(getattr(self.sampler, "merge_repeats", False))
+        """Does the sampler give a prompt several draws of n rollouts as one group (its `merge_repeats`;
+        CERO's variable rollouts per prompt)?"""
+        return bool(self.sampler.merge_repeats)
 
-    def collect_from_pipe(self, step: int, *, want: int, per_round: int, refill: bool, max_rounds: int,
-                          keep: Callable[[Batch], Batch] | None, stream: StreamedUpdate | None = None) -> Collected:
-        """The collect stage with the groups from the Ray rollout workers (dist.rollout_workers): this
-        step's admitted ahead, later steps admitted as far as pipeline.max_staleness allows. With a
-        `stream`, each job's kept groups go to it on arrival, and while no job is ready the learner
-        forwards what has arrived (timed as learner, not as rollout)."""
-        from upslope.train.async_pipe import StepFeed
-
-        pipe = self.pipe
-        pipe.prefetch(min(self.cfg.train.steps, pipe.version + 1 + self.cfg.pipeline.max_staleness),
-                      self.sampler.next, per_round, lambda s: self.sampling_params(s, 0))
-
-        def idle() -> bool:
-            if stream is None or not stream.pending:
-                return False
-            with self.clock("learner", pause="rollout"):
-                return stream.work()
-
-        feed = StepFeed(pipe, step, self.sampler.next, self.sampling_params, idle=idle)
-        got = collect(None, self.task, feed.draw, lambda round_: self.sampling(step, round_),  # type: ignore[arg-type]
-                      self.runtime.tokenizer.pad_token_id, want=want, per_round=per_round, refill=refill,
-                      max_rounds=max_rounds, keep=keep, rollout=feed.rollout, clock=self.clock,
-                      merge_repeats=self.merge_repeats, pieces=feed.pieces if stream is not None else None,
-                      on_kept=stream.add if stream is not None else None)
-        got.metrics["pipeline/max_lag"] = float(feed.max_lag)
-        got.metrics["rollout/engine_on_gpu"] = float(feed.on_gpu)  # the workers' engines
-        self.last_samples = got.seen
-        return got
-
-    def sampling(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
-        """The step's sampling parameters; (re)seeds every RNG from the step, as the synchronous loop always has."""
-        seed_step(self.cfg.train.seed, step)
-        return self.sampling_params(step, round_, n)
-
-    def sampling_params(self, step: int, round_: int = 0, n: int | None = None) -> SamplingParams:
-        """The sampling parameters of (step, round) without touching any RNG (for groups generated ahead)."""
-        r = self.cfg.rollout
-        return SamplingParams(n=n or r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens, seed=step_seed(self.cfg.train.seed, step) + round_,
-                              stop_token_ids=self.runtime.stop_ids)
-
-    def sync_weights(self) -> None:
-        """Push the learner's weights into the rollout engine (starting it if needed), then hand
-        the update's freed memory back to the OS. The other learner ranks take part in gathering
-        the weights from their shards."""
-        if not self.main:
-            for _ in self.updater.named_weights():
-                pass
-            return
-        if self.pipe is not None:  # the Ray workers; the in-process engine (evaluation) is synced when it evaluates
-            self.pipe_push_s = self.pipe.push(self.updater.named_weights(), self.current_step)
-            self.pipe.prefetch(min(self.cfg.train.steps, self.current_step + 1 + self.cfg.pipeline.max_staleness),
-                               self.sampler.next, self.cfg.rollout.prompts_per_step,
-                               lambda s: self.sampling_params(s, 0))
-            release_freed_memory()
-            return
-        self.runtime.engine.update_weights(self.updater.named_weights())
-        release_freed_memory(self.updater.device)
+    def push_weights(self) -> None:
+        """The learner's weights to the sink (the engine or the Ray workers), if the method has one."""
+        if self.sink is not None:
+            self.sink.push(self.updater.named_weights(), self.current_step)
 
     # ------------------------------------------------------------------ run
 
@@ -284,8 +199,8 @@ class BaseTrainer:
                              f"split): its accuracy is on training prompts; set eval.data.path for a held-out set")
         else:
             self.overlap_to_say = self.eval_overlap  # said beside the first evaluation's result
-        if self.start_step and self.uses_engine:
-            self.sync_weights()
+        if self.start_step:
+            self.push_weights()
         results: dict[str, Any] = {}
         if t.eval_before and self.start_step == 0:
             results["before"] = self.evaluate(0)
@@ -312,36 +227,29 @@ class BaseTrainer:
     def log_table(self, step: int) -> None:
         """Every log.table_every steps (and at the first), the step's first sampled completions with their
         rewards, to rollouts.jsonl and the trackers."""
-        every, samples = self.cfg.log.table_every, self.last_samples
+        every = self.cfg.log.table_every
+        samples = self.source.last_seen if self.source is not None else None
         if self.main and every and samples is not None and samples.size and (step % every == 0 or step == 1):
             self.logger.table(step, sample_rows(samples, step, self.cfg.log.table_rows))
-        self.last_samples = None
 
     def timed_step(self, step: int) -> dict[str, Any]:
         """One `step` on a fresh clock: its metrics plus each stage's time and tokens per second."""
-        self.clock = StageClock()
+        self.clock.reset()
         self.current_step = step
-        self.pipe_push_s = 0.0
+        if self.reward_context is not None:  # the step the rewards are told about (a schedule may read it)
+            self.reward_context.step = step
         with self.clock("step"):
             metrics = self.step(step)
         metrics.update(self.clock.metrics())
         metrics.update(throughput(metrics))
         metrics.update(gpu_peak_gib(self.device))
-        if self.pipe is not None:
-            seconds = self.clock.seconds["step"]
-            metrics.update(self.pipe.step_metrics(seconds))
-            metrics["pipeline/weight_push_s"] = self.pipe_push_s
-            metrics["pipeline/learner_busy"] = self.clock.seconds.get("learner", 0.0) / max(seconds, 1e-9)
-            self.pipe.events.extend({"who": "learner" if stage != "rollout" else "learner_wait", "start": t0,
-                                     "end": t1, "step": step} for stage, t0, t1 in self.clock.spans
-                                    if stage in ("learner", "sync", "rollout"))
+        if self.source is not None:
+            metrics.update(self.source.step_metrics(self.clock, step))
         return metrics
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        if not self.uses_engine and step > 0:  # the engine has not been following the learner's updates
-            self.sync_weights()
-        elif self.pipe is not None and step > 0:  # the Ray workers followed the updates; the local engine did not
-            self.runtime.engine.update_weights(self.updater.named_weights())
+        if step > 0 and self.eval_sink is not None:  # the engine that evaluates has not followed the updates
+            self.eval_sink.push(self.updater.named_weights(), step)
         if not self.main:
             return {}
         summary = evaluate(self.runtime, self.eval_examples, out_dir=self.run_dir / "eval", tag=f"step{step}",
@@ -365,8 +273,8 @@ class BaseTrainer:
         state = {"step": step, **self.updater.state(), "rng": ckpt.rng_state(),
                  "sampler": self.sampler.state_dict() if self.sampler is not None else None,
                  "engine_version": self.runtime.engine_version}
-        if self.pipe is not None:  # steps drawn ahead: regenerated with these weights on resume
-            state["pipeline"] = self.pipe.pending()
+        if self.source is not None:  # e.g. the steps the Ray pipeline drew ahead
+            state.update(self.source.state_dict())
         state.update(self.extra_state())
         ckpt_dir = self.run_dir / "checkpoints"
         if group.world() == 1:
@@ -383,7 +291,8 @@ class BaseTrainer:
         group.barrier()
         return final
 
-    def _resume(self, path: Path) -> None:
+    def _resume(self, path: Path) -> dict[str, Any]:
+        """Restore the learner, sampler, method state and RNGs from the checkpoint at `path`; the state read."""
         state = ckpt.load_trainer_state(path)
         ckpt.check_resume(path, int(state["step"]), self.cfg.train.steps, final_eval=self.cfg.train.eval_after)
         if (path / ckpt.SHARDED).is_dir():  # weights and optimiser state as DCP shards, for any number of ranks
@@ -397,10 +306,10 @@ class BaseTrainer:
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
         self.load_extra_state(state, path)
-        self._pipe_pending = state.get("pipeline") or {}
         ckpt.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
         self.report.info(f"resumed from {path} at step {self.start_step}")
+        return state
 
     def finish(self, results: dict[str, Any]) -> None:
         records = read_metrics(self.logger.path) if self.logger.jsonl else []
@@ -418,13 +327,9 @@ class BaseTrainer:
         return self.cfg.algo.advantage.name
 
     def close(self) -> None:
-        if self.pipe is not None:
-            import json
-
-            with open(self.run_dir / "timeline.jsonl", "w") as f:  # who was busy when (benchmarks/async_timeline.py)
-                f.writelines(json.dumps(e) + "\n" for e in self.pipe.events)
-            self.pipe.close()
-            self.pipe = None
+        if self.source is not None:
+            self.source.close()
+            self.source = None
         if getattr(self, "logger", None) is not None:  # a run that stopped early still finishes its tracker runs
             self.logger.close()
         self.runtime.close()

@@ -1,5 +1,6 @@
-"""The stages of one training step, each a plain function over the Batch:
-rollout -> reward -> filter -> advantage. (The update and weight sync live in the learner.)"""
+"""The stages of one training step after the rollout, each a plain function over the Batch:
+reward -> filter -> (overlong mask, advantage) -> metrics. (The rollout plugins live in
+`upslope.rollout`; the update and the weight sync in the learner.)"""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,74 +8,29 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from upslope.batch import Batch, build_batch
-from upslope.data.types import Example
+from upslope.batch import Batch
 from upslope.errors import UpslopeError
-from upslope.registry import ROLLOUTS
 from upslope.rewards import RewardFn, score, status_counts
 from upslope.rewards.placement import placed_token_rewards
-from upslope.rollout.base import Engine, SamplingParams
-
-RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
-
-
-@ROLLOUTS.register("single_turn")
-def rollout(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequence[Example], params: SamplingParams,
-            pad_id: int, group_offset: int = 0) -> Batch:
-    """n completions per prompt through the engine, as a Batch (one group per prompt)."""
-    return groups_to_batch(prompt_ids, examples, engine.generate(list(prompt_ids), params), params, pad_id,
-                           engine.version, group_offset)
-
-
-def groups_to_batch(prompt_ids: Sequence[list[int]], examples: Sequence[Example], groups: Sequence[Sequence[Any]],
-                    params: SamplingParams, pad_id: int, version: int, group_offset: int = 0,
-                    extra: Sequence[dict[str, Any]] | None = None,
-                    loss_masks: Sequence[list[int]] | None = None) -> Batch:
-    """The engine's completions (one list per prompt) as a Batch; `extra` adds meta per completion (in
-    order) and `loss_masks` marks completion tokens not to train on (e.g. a forced prefix)."""
-    p_ids, c_ids, c_lps, gids, trunc, meta = [], [], [], [], [], []
-    for g, (prompt, ex, comps) in enumerate(zip(prompt_ids, examples, groups)):
-        for c in comps:
-            p_ids.append(prompt)
-            c_ids.append(c.token_ids)
-            c_lps.append(c.logprobs)
-            gids.append(group_offset + g)
-            trunc.append(c.truncated)
-            meta.append({**ex.meta, "answer": ex.answer, "prompt": ex.prompt, "completion": c.text,
-                         "example_id": ex.id, "completion_tokens": len(c.token_ids),
-                         "max_new_tokens": params.max_new_tokens, "finish_reason": c.finish_reason})
-    if extra is not None:
-        meta = [{**m, **e} for m, e in zip(meta, extra)]
-    return build_batch(p_ids, c_ids, c_lps, gids, trunc, pad_id, version, meta, completion_loss_masks=loss_masks)
-
-
-def reward(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
-           fallback: float, strict: bool = True, tokenizer: Any = None) -> tuple[Batch, dict[str, float]]:
-    """Score each completion with every reward: a Batch with named components and the combined
-    reward. With `strict`, a reward that fails on every sample of a batch is an error. Given the
-    policy's `tokenizer`, a reward placed inside completions (a PlacedReward, e.g. the process
-    reward's step scores) also sets batch.token_rewards."""
-    batch, metrics, errors = score_batch(batch, reward_fns, combiner, fallback, tokenizer)
-    if strict:
-        check_reward_failures(metrics, errors, batch.size)
-    return batch, metrics
 
 
 def score_batch(batch: Batch, reward_fns: Sequence[RewardFn], combiner: Callable[..., torch.Tensor],
                 fallback: float, tokenizer: Any = None) -> tuple[Batch, dict[str, float], dict[str, str]]:
-    """`reward` without the strict check: also each failing reward's first error (a round that
-    arrives in pieces is checked once whole, see `check_reward_failures`)."""
+    """Score each completion with every reward: a Batch with named components and the combined
+    reward, its metrics, and each failing reward's first error (a round is checked once whole, see
+    `check_reward_failures`). Given the policy's `tokenizer`, a reward placed inside completions (a
+    PlacedReward, e.g. the process reward's step scores) also sets batch.token_rewards."""
     texts = [m["completion"] for m in batch.meta]
     answers = [m["answer"] for m in batch.meta]
     ids = completion_token_ids(batch) if any(rf.token_ids for rf in reward_fns) else None
     result = score(reward_fns, texts, answers, batch.meta, fallback, token_ids=ids)
     components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
     combined = combiner(components, batch.group_ids, weights=result.weights).float()
-    # a rollout may shape a sample's reward: meta["reward_scale"] (e.g. SocraticPO's decay after a hint),
-    # meta["reward_override"] (e.g. ESPO's terminal failure for a rollout it stopped early)
-    scale = torch.tensor([float(m.get("reward_scale", 1.0)) for m in batch.meta])
-    override = torch.tensor([float(m.get("reward_override", float("nan"))) for m in batch.meta])
-    combined = torch.where(override.isnan(), combined * scale, override) if batch.meta else combined
+    # a rollout may shape a sample's reward: batch.reward_scale multiplies it, batch.reward_override replaces it
+    n = batch.size
+    scale = batch.reward_scale if batch.reward_scale is not None else torch.ones(n)
+    override = batch.reward_override if batch.reward_override is not None else torch.full((n,), float("nan"))
+    combined = torch.where(override.isnan(), combined * scale, override) if n else combined
     batch = replace(batch, reward_components=components, rewards=combined)
     metrics: dict[str, float] = {}
     if tokenizer is not None and any(rf.places_tokens for rf in reward_fns):
@@ -109,31 +65,11 @@ def apply_filters(batch: Batch, filters: Sequence[Callable[[Batch], torch.Tensor
     return batch if bool(keep.all()) else batch.select(torch.nonzero(keep).flatten())
 
 
-def kl_penalty_in_reward(batch: Batch, kl_fn: Callable[..., torch.Tensor], beta: float) -> tuple[Batch, float]:
-    """Fold -beta * KL(policy || reference) into the rewards: per token (token_rewards, for
-    token-level estimators such as GAE) and summed per sequence (rewards, for group ones)."""
-    from upslope.algos.common import last_token_rewards
-    from upslope.algos.kl import kl_in_reward
-
-    assert batch.rewards is not None and batch.ref_logprobs is not None and batch.old_logprobs is not None
-    kl = kl_fn(batch.old_logprobs, batch.ref_logprobs) * batch.loss_mask
-    base = batch.token_rewards if batch.token_rewards is not None else last_token_rewards(batch.rewards,
-                                                                                          batch.loss_mask)
-    out = replace(batch, token_rewards=kl_in_reward(base, kl, beta, batch.loss_mask),
-                  rewards=batch.rewards - beta * kl.sum(1))
-    return out, float(kl.sum() / batch.loss_mask.sum().clamp(min=1))
-
-
 def mask_truncated(batch: Batch) -> Batch:
     """DAPO overlong filtering: completions cut at max_new_tokens train on nothing."""
     from upslope.algos.filters import overlong_mask
 
     return replace(batch, loss_mask=overlong_mask(batch))
-
-
-def values_and_returns(batch: Batch, values: torch.Tensor) -> Batch:
-    """The batch with the critic's values; the `critic=True` advantage then returns (advantages, returns) once."""
-    return replace(batch, values=values)
 
 
 def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]) -> Batch:
@@ -142,19 +78,10 @@ def advantage(batch: Batch, fn: Callable[[Batch], torch.Tensor | tuple[torch.Ten
     out, returns = fn(batch), batch.returns
     if isinstance(out, tuple):
         out, returns = out
-    return replace(batch, advantages=(out.float() + advantage_bonus(batch)) * batch.loss_mask, returns=returns)
-
-
-def advantage_bonus(batch: Batch) -> torch.Tensor:
-    """Per-token additions to the advantage a rollout asked for in meta["advantage_bonus"] as (start, end,
-    value) spans of completion positions: the multi-turn rollout's interleaved SFT term (at ratio 1 the
-    policy-gradient of +w on a token's advantage is that of w x its negative log-likelihood)."""
-    bonus = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for i, m in enumerate(batch.meta):
-        p = int(batch.prompt_lens[i])
-        for start, end, value in m.get("advantage_bonus", ()):
-            bonus[i, p + start:p + end] += value
-    return bonus
+    bonus = batch.advantage_bonus  # a rollout's per-token additions (the agent's interleaved SFT term)
+    if bonus is None:
+        bonus = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    return replace(batch, advantages=(out.float() + bonus) * batch.loss_mask, returns=returns)
 
 
 def meta_metrics(metas: Sequence[dict[str, Any]]) -> dict[str, float]:

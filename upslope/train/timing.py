@@ -36,6 +36,10 @@ class StageClock:
                 self.seconds[pause] = self.seconds.get(pause, 0.0) - seconds
                 self.open[pause] = end
 
+    def reset(self) -> None:
+        """Start over (a new step): no stage timed, no span."""
+        self.seconds, self.spans, self.open = {}, [], {}
+
     def metrics(self) -> dict[str, float]:
         """`time/<stage>` for every stage timed so far."""
         return {f"time/{k}": v for k, v in self.seconds.items()}

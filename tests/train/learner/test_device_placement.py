@@ -132,8 +132,8 @@ def _learner_plugin_calls() -> list[tuple[str, str, object]]:
     mask = torch.ones(n, length).to(META)
     calls = []
     for name, entry in POLICY_LOSSES._entries.items():
-        stats = ({"entropy": _meta(n, length), "topk_logprobs": _meta(n, length, max(1, entry.attrs.get("top_k", 1)))}
-                 if entry.attrs.get("token_stats") else {})
+        stats = ({"entropy": _meta(n, length), "topk_logprobs": _meta(n, length, max(1, entry.traits.top_k))}
+                 if entry.traits.token_stats else {})
         fn = POLICY_LOSSES.bind(name, {}, where="test")
         calls.append(("policy_loss", name, lambda fn=fn, stats=stats: fn(_meta(n, length).requires_grad_(),
                                                                       _meta(n, length), _meta(n, length), mask, **stats)))

@@ -130,24 +130,45 @@ def test_entropy_gradient_matches_full_logits(tiny, shared):
     assert not ent.requires_grad
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 50), st.integers(1, 17), st.sampled_from([1.0, 0.6, 1.5]),
-       st.booleans(), st.integers(0, 10_000), st.sampled_from([1.0, 0.25, 4.0]), st.sampled_from([None, 1.5, 30.0]))
-def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature, with_bias, seed, scale, softcap):
+       st.booleans(), st.integers(0, 10_000), st.sampled_from([1.0, 0.25, 4.0]), st.sampled_from([None, 1.5, 30.0]),
+       st.sampled_from([(1.0, 0), (0.8, 0), (1.0, 3), (0.9, 5)]))
+def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature, with_bias, seed, scale, softcap,
+                                                truncation):
     """The fused head's log-probs, entropy and its gradients wrt hidden states, weight and bias
-    equal those of a full float64 log-softmax, for any chunking and temperature, and through the
-    families' head transforms: a logit scale (Cohere, Granite) and soft-capping (Gemma 2/3; a cap of
-    1.5 acts on every logit of these random heads)."""
-    from upslope.train.learner.logprobs import HeadTransform, _LinearLogprob
+    equal those of a full float64 log-softmax, for any chunking and temperature, through the
+    families' head transforms (a logit scale as Cohere's and Granite's; soft-capping as Gemma 2/3's,
+    a cap of 1.5 acting on every logit of these random heads), and under the sampler's truncation
+    (top-p, top-k): the reference there is transformers' own top-k and top-p logits warpers, and the
+    targets are tokens those warpers keep (what a sampler could have drawn)."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-    transform = HeadTransform(scale, softcap)
+    from upslope.train.learner.logprobs import HeadTransform, Truncation, _LinearLogprob
+
+    transform, top_p, top_k = HeadTransform(scale, softcap), *truncation
+    truncation = Truncation(top_p, top_k)
 
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(rows, 8, generator=gen, dtype=torch.float64)
     w = torch.randn(vocab, 8, generator=gen, dtype=torch.float64)
     b = torch.randn(vocab, generator=gen, dtype=torch.float64) if with_bias else None
-    targets = torch.randint(0, vocab, (rows,), generator=gen)
     upstream = torch.randn(rows, generator=gen, dtype=torch.float64)
+
+    def processed(h_, w_, b_=None):
+        logits = (h_ @ w_.t() + (b_ if b_ is not None else 0)) * scale
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
+        if top_k:
+            logits = TopKLogitsWarper(top_k)(None, logits)
+        if top_p < 1.0:
+            logits = TopPLogitsWarper(top_p)(None, logits)
+        return logits
+
+    with torch.no_grad():  # a kept token per row, drawn at random
+        kept = torch.isfinite(processed(h, w, b))
+        targets = torch.multinomial(kept.double(), 1, generator=gen).squeeze(-1)
 
     def grads(fn):
         leaves = [x.clone().requires_grad_() for x in (h, w)] + ([b.clone().requires_grad_()] if with_bias else [])
@@ -156,15 +177,11 @@ def test_fused_head_matches_autograd_in_float64(rows, vocab, chunk, temperature,
         return [lp.detach(), ent.detach()] + [x.grad for x in leaves]
 
     def exact(h_, w_, b_=None):
-        logits = (h_ @ w_.t() + (b_ if b_ is not None else 0)) * scale
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        logits = logits / temperature
-        logp = torch.log_softmax(logits, -1)
-        return logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        logp = torch.log_softmax(processed(h_, w_, b_), -1)
+        return logp.gather(-1, targets[:, None]).squeeze(-1), -torch.where(logp.isfinite(), logp.exp() * logp, 0).sum(-1)
 
     def fused(h_, w_, b_=None):
-        return _LinearLogprob.apply(h_, w_, b_, targets, temperature, chunk, transform)
+        return _LinearLogprob.apply(h_, w_, b_, targets, temperature, chunk, transform, truncation)
 
     for ours, ref in zip(grads(fused), grads(exact)):
         torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-10)

@@ -10,13 +10,14 @@ import torch
 
 from upslope.batch import Batch
 from upslope.config import load_config
+from upslope.train.learner.logprobs import HeadOutput
 from upslope.train.learner.objectives import RLObjective
 
 
 def objective(old_policy: str) -> RLObjective:
     cfg = load_config(None, [f"algo.old_policy={old_policy}", "algo.policy_loss.options={eps_low: 0.2, eps_high: 0.2}",
                              "algo.loss_agg=token_mean"])
-    return RLObjective(cfg.algo, cfg.train, updater=None, temperature=1.0, max_new_tokens=3)  # type: ignore[arg-type]
+    return RLObjective.from_config(cfg)
 
 
 def one_row(sampler_probs: list[float]) -> Batch:
@@ -40,7 +41,7 @@ def test_the_ratio_is_taken_against_the_chosen_policy(old_policy, loss, grads):
     obj = objective(old_policy)
     mb = one_row([0.5, 0.25, 1.0])
     lp = torch.full((1, 3), math.log(0.5), requires_grad=True)
-    out, _ = obj.loss(lp, torch.zeros(1, 3), mb, {"num_tokens": 3.0, "num_seqs": 1.0}, None)
+    out = obj.loss(HeadOutput(lp, torch.zeros(1, 3)), mb, {"num_tokens": 3.0, "num_seqs": 1.0}).loss
     out.backward()
     assert out.detach().item() == pytest.approx(loss, abs=1e-6)
     assert lp.grad[0].tolist() == pytest.approx(grads, abs=1e-6)

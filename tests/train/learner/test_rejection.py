@@ -16,6 +16,7 @@ from test_streamed_update import captured_grads, learner
 from upslope.algos.aggregate import loss_normalizers
 from upslope.batch import Batch
 from upslope.config import load_config
+from upslope.train.learner.logprobs import HeadOutput
 from upslope.train.learner.objectives import RLObjective
 
 BAND = "algo.correction={cap: 2.0, mask_low: 0.5, mask_high: 2.0}"
@@ -24,7 +25,7 @@ BAND = "algo.correction={cap: 2.0, mask_low: 0.5, mask_high: 2.0}"
 def objective(*extra: str) -> RLObjective:
     cfg = load_config(None, ["algo.loss_agg=token_mean", "algo.policy_loss.options={eps_low: 0.2, eps_high: 0.2}",
                              *extra])
-    return RLObjective(cfg.algo, cfg.train, updater=None, temperature=1.0, max_new_tokens=4)  # type: ignore[arg-type]
+    return RLObjective.from_config(cfg)
 
 
 def rows(sampler_probs: list[list[float]]) -> Batch:
@@ -44,11 +45,11 @@ def test_a_rejected_token_leaves_the_mask_and_the_token_count():
     policy's own log-probs each kept token's loss is -1, so token_mean is -3 / 3 = -1 (it was
     -3 / 4 = -0.75 when the rejected token still counted)."""
     obj = objective(BAND)
-    batch = obj.prepare(rows([[0.5, 0.5, 0.5, 0.1]]), updater=None)  # type: ignore[arg-type]
+    batch = obj.prepare(rows([[0.5, 0.5, 0.5, 0.1]]))
     assert batch.loss_mask.tolist() == [[1.0, 1.0, 1.0, 0.0]]
     norms = loss_normalizers(batch.loss_mask)
     assert norms["num_tokens"] == 3.0
-    loss, _ = obj.loss(batch.old_logprobs.clone().requires_grad_(), torch.zeros(1, 4), batch, norms, None)
+    loss = obj.loss(HeadOutput(batch.old_logprobs.clone().requires_grad_(), torch.zeros(1, 4)), batch, norms).loss
     assert loss.item() == pytest.approx(-1.0)
     assert obj.finish(batch)["tis/masked_frac"] == pytest.approx(0.25)
     assert obj.finish(batch)["tis/masked_frac"] == 0.0  # the count restarts with the next update
@@ -57,7 +58,7 @@ def test_a_rejected_token_leaves_the_mask_and_the_token_count():
 def test_sequence_level_rejects_whole_rows_and_counts_rows():
     """Row 1's sequence ratio is 1; row 2's is (0.5 / 0.1) x 1 x 1 x 1 = 5: rejected, so one sequence counts."""
     obj = objective("algo.correction={level: sequence, cap: 2.0, mask_high: 2.0}", "algo.loss_agg=seq_mean_token_mean")
-    batch = obj.prepare(rows([[0.5] * 4, [0.1, 0.5, 0.5, 0.5]]), updater=None)  # type: ignore[arg-type]
+    batch = obj.prepare(rows([[0.5] * 4, [0.1, 0.5, 0.5, 0.5]]))
     assert batch.loss_mask.tolist() == [[1.0] * 4, [0.0] * 4]
     assert loss_normalizers(batch.loss_mask)["num_seqs"] == 1.0
     assert obj.finish(batch)["tis/masked_frac"] == pytest.approx(0.5)
@@ -65,9 +66,9 @@ def test_sequence_level_rejects_whole_rows_and_counts_rows():
 
 def test_without_a_band_nothing_is_rejected_and_no_forward_is_added():
     obj = objective("algo.correction={cap: 2.0}")
-    assert not obj.rejects
+    assert not obj.needs_old_logprobs
     batch = rows([[0.5, 0.5, 0.5, 0.1]])
-    assert obj.prepare(batch, updater=None) is batch  # type: ignore[arg-type]
+    assert obj.prepare(batch) is batch
     assert "tis/masked_frac" not in obj.finish(batch)
 
 
@@ -96,7 +97,7 @@ def test_the_update_equals_one_on_the_kept_tokens_only(tiny_model_path):
 
 def test_the_mismatch_metric_is_never_nan():
     """Both log-probs -inf on a trained token (a token neither policy can produce) counts as no gap."""
-    from upslope.train.learner.objectives import mismatch
+    from upslope.algos.terms import mismatch
 
     inf = float("inf")
     assert mismatch(torch.tensor([[-inf, -1.0]]), torch.tensor([[-inf, -1.5]]), torch.ones(1, 2)) == pytest.approx(0.25)

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from upslope.batch import build_batch
 from upslope.config import load_config
-from upslope.train.learner.objectives import BradleyTerryObjective, ValueObjective, bradley_terry_loss, pair_metrics
-from upslope.train.learner.scalar import load_scalar_model, score_positions, scalar_loader
+from upslope.algos.preference import bradley_terry_loss
+from upslope.train.learner.objectives import BradleyTerryObjective, ValueObjective, pair_metrics
+from upslope.scalar_head import load_scalar_model, score_positions, scalar_loader
 from upslope.train.learner.updater import Updater
 from upslope.train.methods.pair_batch import pair_batch
 
@@ -23,10 +24,10 @@ from upslope.train.methods.pair_batch import pair_batch
 def test_bradley_terry_loss_by_hand():
     """-log sigmoid(rc - rr - m) = log(1 + exp(-(rc - rr - m))), worked out by hand."""
     chosen, rejected = torch.tensor([1.0, 0.0, 3.0]), torch.tensor([0.0, 2.0, 3.0])
-    got = bradley_terry_loss(chosen, rejected)
+    got = bradley_terry_loss(chosen - rejected)
     want = [math.log(1 + math.exp(-1.0)), math.log(1 + math.exp(2.0)), math.log(2.0)]
     assert got.tolist() == pytest.approx(want, rel=1e-6)
-    with_margin = bradley_terry_loss(chosen, rejected, margin=0.5)  # the chosen must win by 0.5
+    with_margin = bradley_terry_loss(chosen - rejected - 0.5)  # the chosen must win by 0.5
     assert with_margin.tolist() == pytest.approx([0.474077, 2.578889, 0.974077], rel=1e-5)
 
 
@@ -35,7 +36,7 @@ def test_bradley_terry_loss_by_hand():
 def test_bradley_terry_gradient_raises_chosen_and_lowers_rejected(rc, rr, margin):
     """Descending the loss always raises the chosen score and lowers the rejected one, by the same amount."""
     c, r = torch.tensor(rc, requires_grad=True), torch.tensor(rr, requires_grad=True)
-    bradley_terry_loss(c, r, margin).backward()
+    bradley_terry_loss(c - r - margin).backward()
     assert c.grad < 0 < r.grad and float(c.grad) == pytest.approx(-float(r.grad))
     assert float(r.grad) == pytest.approx(1 / (1 + math.exp(rc - rr - margin)), rel=1e-4, abs=1e-7)
 
@@ -52,12 +53,13 @@ def test_clipped_value_loss_by_hand():
     v_new = torch.tensor([[0.0, 0.0, 1.0, 0.5, -1.0]])
     b.values = torch.tensor([[0.0, 0.0, 0.0, 0.4, -0.1]])
     b.returns = torch.tensor([[0.0, 0.0, 2.0, 0.0, -1.0]])
-    loss, m = ValueObjective(0.2).scalar_loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    out = ValueObjective(0.2).loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    loss, m = out.loss, out.metrics
     # token 2: (1-2)^2=1 vs clipped 0.2: (0.2-2)^2=3.24 -> 3.24; token 3: 0.25 vs (0.5-0)^2=0.25 -> 0.25;
     # token 4: (-1+1)^2=0 vs clipped -0.3: (-0.3+1)^2=0.49 -> 0.49
     assert float(loss) == pytest.approx(0.5 * (3.24 + 0.25 + 0.49) / 3, rel=1e-6)
     assert m["clip_frac"] == pytest.approx(2 / 3)
-    unclipped, _ = ValueObjective(None).scalar_loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0})
+    unclipped = ValueObjective(None).loss(v_new, b, {"num_tokens": 3.0, "num_seqs": 1.0}).loss
     assert float(unclipped) == pytest.approx(0.5 * (1 + 0.25 + 0) / 3, rel=1e-6)
     assert mask.sum() == 3
 

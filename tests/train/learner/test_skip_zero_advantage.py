@@ -17,7 +17,7 @@ Learner = tuple[Updater, RLObjective]
 
 def rl_learner(cfg, path: str) -> Learner:
     updater = Updater.from_config(cfg, path, "cpu")
-    return updater, RLObjective.from_config(cfg, updater)
+    return updater, RLObjective.from_config(cfg)
 
 
 def make_batch(advantages_per_group: list[float], n: int = 3, seed: int = 0) -> Batch:

@@ -32,7 +32,7 @@ def learner(tiny_model_path: str, *extra: str) -> tuple[Updater, RLObjective]:
                              "rollout.max_new_tokens=8", *extra])
     torch.manual_seed(0)
     updater = Updater.from_config(cfg, tiny_model_path, "cpu")
-    return updater, RLObjective.from_config(cfg, updater)
+    return updater, RLObjective.from_config(cfg)
 
 
 WEIGHT_ATOL = 2e-5

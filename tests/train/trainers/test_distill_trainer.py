@@ -91,6 +91,10 @@ def test_teacher_forwarded_once_per_rollout_batch(distill_run, tiny_model_path, 
                                "train.updates_per_batch=2", "train.epochs_per_batch=2", "train.share_prompt=false",
                                "train.micro_batch_tokens=100000", "distill.loss.name=topk_rkl")
     trainer = DistillTrainer(load_config(RECIPES / "distill.yaml", overrides))
+    from upslope.train.learner.logprobs import fast_head_matches
+
+    for model in (trainer.teacher.model, trainer.updater.model):  # the one-time head check, before counting
+        assert fast_head_matches(model)
     calls = {"teacher": 0, "student": 0}
     trainer.teacher.model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("teacher",
                                                                                           calls["teacher"] + 1))

@@ -56,7 +56,7 @@ def test_seed_method_recipes_exist():
 @pytest.fixture(scope="module")
 def tiny_reward_model(tiny_model_path, tokenizer, tmp_path_factory) -> str:
     """The tiny model with a random scalar head, saved as a reward model."""
-    from upslope.train.learner.scalar import load_scalar_model
+    from upslope.scalar_head import load_scalar_model
 
     out = tmp_path_factory.mktemp("tiny-rm") / "model"
     model = load_scalar_model(tiny_model_path, pad_id=tokenizer.pad_token_id)

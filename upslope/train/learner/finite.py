@@ -4,7 +4,7 @@ run whose steps keep being skipped stops with one line instead of training on ga
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -39,19 +39,3 @@ class NonFiniteGuard:
         n, self.skipped = self.skipped, 0
         return float(n)
 
-
-def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
-    """Name of the first floating-point tensor holding NaN or inf (nested dicts/lists searched)."""
-    for name, value in named:
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
-                return name
-        elif isinstance(value, dict):
-            found = first_nonfinite((f"{name}.{k}", v) for k, v in value.items())
-            if found:
-                return found
-        elif isinstance(value, (list, tuple)):
-            found = first_nonfinite((f"{name}[{i}]", v) for i, v in enumerate(value))
-            if found:
-                return found
-    return None

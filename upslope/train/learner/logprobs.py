@@ -79,25 +79,56 @@ class HeadTransform:
         return slope.mul_(self.scale)
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """The sampler's truncation of the distribution (after the temperature): the `top_k` largest logits,
+    then the smallest set of them holding `top_p` of the mass, as transformers' and vLLM's samplers keep.
+    Log-probs under a truncation are those of the renormalised kept set, which is what the engines report
+    (vLLM's processed log-probs, transformers' processed scores); the sampled token is always kept."""
+
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0
+
+    def keep(self, z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """bool [rows, vocab]: the tokens each row's sampler could draw (fp32 logits `z`, temperature applied)."""
+        keep = torch.ones_like(z, dtype=torch.bool)
+        if 0 < self.top_k < z.shape[-1]:
+            keep = z >= z.topk(self.top_k, dim=-1).values[:, -1:]
+        if self.top_p < 1.0:
+            ordered, index = z.masked_fill(~keep, float("-inf")).sort(dim=-1)  # ascending
+            drop = ordered.softmax(-1).cumsum(-1) <= 1 - self.top_p
+            drop[:, -1] = False  # the most likely token always stays
+            keep &= ~torch.zeros_like(drop).scatter_(-1, index, drop)
+        keep[torch.arange(z.shape[0], device=z.device), targets] = True
+        return keep
+
+
 def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
           temperature: float, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
-          top_k: int = 0, top_k_vocab: int | None = None,
-          transform: HeadTransform = HeadTransform()) -> tuple[torch.Tensor, ...]:
+          top_k: int = 0, top_k_vocab: int | None = None, transform: HeadTransform = HeadTransform(),
+          truncation: Truncation = Truncation()) -> tuple[torch.Tensor, ...]:
     return _scores(transform(torch.nn.functional.linear(hidden, weight, bias).float()), targets, temperature,
-                   entropy_grad, gather_ids, top_k, top_k_vocab)
+                   entropy_grad, gather_ids, top_k, top_k_vocab, truncation)
 
 
 def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy_grad: bool = False,
-            gather_ids: torch.Tensor | None = None, top_k: int = 0,
-            top_k_vocab: int | None = None) -> tuple[torch.Tensor, ...]:
-    """(log-prob of each target, entropy, log-probs at `gather_ids`, top-k log-probs and ids) of fp32 logit rows."""
+            gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None,
+            truncation: Truncation = Truncation()) -> tuple[torch.Tensor, ...]:
+    """(log-prob of each target, entropy, log-probs at `gather_ids`, top-k log-probs and ids) of fp32 logit
+    rows, under the temperature and the sampler's truncation."""
     if temperature != 1.0:
         logits = logits / temperature
+    if truncation.active:
+        logits = logits.masked_fill(~truncation.keep(logits.detach(), targets), float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
+        entropy = lse - torch.where(probs > 0, probs * logits, 0.0).sum(-1)
     gathered = logits.gather(-1, gather_ids) - lse.unsqueeze(-1) if gather_ids is not None else None
     topk_lp = topk_ids = None
     if top_k:
@@ -109,8 +140,10 @@ def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, ent
 def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, *,
                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, chunk_rows: int = 1024,
                  temperature: float = 1.0, entropy_grad: bool = False, gather_ids: torch.Tensor | None = None,
-                 top_k: int = 0, top_k_vocab: int | None = None, checkpoint_layers: bool = False) -> HeadOutput:
-    """Log-prob and entropy of every token where `target_mask` is set; with `gather_ids`
+                 top_k: int = 0, top_k_vocab: int | None = None, checkpoint_layers: bool = False,
+                 truncation: Truncation = Truncation()) -> HeadOutput:
+    """Log-prob and entropy of every token where `target_mask` is set (under `temperature` and the
+    sampler's `truncation`: the distribution the engine drew from); with `gather_ids`
     [N, L, K] also the log-probs at those ids, with `top_k` the model's own top-k (ids and
     log-probs; among the first `top_k_vocab` ids when given). `shared` = (prompt_lens,
     seq_lens, group_ids) runs each group's prompt once (see token_logprobs_shared_prompt).
@@ -119,7 +152,7 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     n, length = input_ids.shape
     if not fast_head_matches(model):
         return _model_scores(model, input_ids, attention_mask, target_mask, temperature, entropy_grad, gather_ids,
-                             top_k, top_k_vocab)
+                             top_k, top_k_vocab, truncation)
     if shared is None:
         with checkpointed_layers(model, checkpoint_layers):
             h, targets, flat_index = _row_states(model, input_ids, attention_mask, target_mask)
@@ -127,7 +160,8 @@ def token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
         h, targets, flat_index = _shared_prompt_states(model, input_ids, attention_mask, target_mask, *shared,
                                                        checkpoint_layers=checkpoint_layers)
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
-    outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab)
+    outs = _chunked_head(model, h, targets, chunk_rows, temperature, entropy_grad, flat_gather, top_k, top_k_vocab,
+                         truncation)
     lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
     assert lp is not None and ent is not None
     return HeadOutput(lp, ent, gathered, topk_lp, topk_ids)
@@ -188,7 +222,7 @@ def _head_gap(model: Any) -> float:
 
 def _model_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
                   temperature: float, entropy_grad: bool, gather_ids: torch.Tensor | None, top_k: int,
-                  top_k_vocab: int | None) -> HeadOutput:
+                  top_k_vocab: int | None, truncation: Truncation = Truncation()) -> HeadOutput:
     """`token_scores` through the model's own forward: the full [N, L, vocab] logits, for a head the fast
     path cannot reproduce."""
     n, length = input_ids.shape
@@ -197,7 +231,7 @@ def _model_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     flat_index = rows * length + cols + 1
     flat_gather = gather_ids.reshape(n * length, -1)[flat_index] if gather_ids is not None else None
     outs = list(_scores(logits[rows, cols].float(), input_ids[rows, cols + 1], temperature, entropy_grad, flat_gather,
-                        top_k, top_k_vocab))
+                        top_k, top_k_vocab, truncation))
     if not entropy_grad:
         outs[1] = outs[1].detach()
     lp, ent, gathered, topk_lp, topk_ids = (_place(o, flat_index, n, length) for o in outs)
@@ -250,7 +284,8 @@ class _LinearLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                temperature: float, chunk_rows: int, transform: HeadTransform) -> tuple[torch.Tensor, torch.Tensor]:
+                temperature: float, chunk_rows: int, transform: HeadTransform,
+                truncation: Truncation = Truncation()) -> tuple[torch.Tensor, torch.Tensor]:
         save_autocast(ctx, h)
         logp, ent, lse = [], [], []
         for s in range(0, h.shape[0], chunk_rows):
@@ -258,13 +293,15 @@ class _LinearLogprob(torch.autograd.Function):
             transform.apply_(logits)
             if temperature != 1.0:
                 logits.div_(temperature)
+            if truncation.active:
+                logits.masked_fill_(~truncation.keep(logits, targets[s:s + chunk_rows]), float("-inf"))
             norm = torch.logsumexp(logits, dim=-1)
             logits.sub_(norm.unsqueeze(-1))  # log-softmax, in place
             logp.append(logits.gather(-1, targets[s:s + chunk_rows].unsqueeze(-1)).squeeze(-1))
-            ent.append(-(logits.exp() * logits).sum(-1))
+            ent.append(torch.special.entr(logits.exp()).sum(-1) if truncation.active else -(logits.exp() * logits).sum(-1))
             lse.append(norm)
         ctx.save_for_backward(h, weight, bias, targets, torch.cat(lse))
-        ctx.temperature, ctx.chunk_rows, ctx.transform = temperature, chunk_rows, transform
+        ctx.temperature, ctx.chunk_rows, ctx.transform, ctx.truncation = temperature, chunk_rows, transform, truncation
         entropy = torch.cat(ent)
         ctx.mark_non_differentiable(entropy)
         return torch.cat(logp), entropy
@@ -277,7 +314,7 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def _backward(ctx: Any, g_logp: torch.Tensor) -> tuple[Any, ...]:
         h, weight, bias, targets, lse = ctx.saved_tensors
-        temperature, chunk_rows, transform = ctx.temperature, ctx.chunk_rows, ctx.transform
+        temperature, chunk_rows, transform, truncation = ctx.temperature, ctx.chunk_rows, ctx.transform, ctx.truncation
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dh = torch.empty_like(h) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)
@@ -291,6 +328,8 @@ class _LinearLogprob(torch.autograd.Function):
             slope = transform.apply_(logits)
             if temperature != 1.0:
                 logits.div_(temperature)
+            if truncation.active:  # the kept set is a constant of the logits: no gradient outside it
+                logits.masked_fill_(~truncation.keep(logits, targets[s:s + chunk_rows]), float("-inf"))
             grad = logits.sub_(lse[s:s + chunk_rows].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # -g * softmax
             rows = torch.arange(grad.shape[0], device=grad.device)
             grad[rows, targets[s:s + chunk_rows]] += g  # + g * onehot
@@ -308,24 +347,25 @@ class _LinearLogprob(torch.autograd.Function):
                 dw = part if dw is None else dw.add_(part)
             if db is not None:
                 db.add_(grad.sum(0))
-        return dh, dw, db.to(bias.dtype) if db is not None else None, None, None, None, None  # (h has >= 1 row)
+        return dh, dw, db.to(bias.dtype) if db is not None else None, None, None, None, None, None  # (h has >= 1 row)
 
 
 def _chunked_head(model: Any, h: torch.Tensor, targets: torch.Tensor, chunk_rows: int, temperature: float,
                   entropy_grad: bool = False, gather_ids: torch.Tensor | None = None, top_k: int = 0,
-                  top_k_vocab: int | None = None) -> tuple[torch.Tensor | None, ...]:
+                  top_k_vocab: int | None = None,
+                  truncation: Truncation = Truncation()) -> tuple[torch.Tensor | None, ...]:
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
     transform = HeadTransform.of(model)
     grad = torch.is_grad_enabled() and (weight.requires_grad or h.requires_grad)
     if grad and not entropy_grad and gather_ids is None and not top_k and h.shape[0]:
-        logp, entropy = _LinearLogprob.apply(h, weight, bias, targets, temperature, chunk_rows, transform)
+        logp, entropy = _LinearLogprob.apply(h, weight, bias, targets, temperature, chunk_rows, transform, truncation)
         return logp, entropy, None, None, None
     parts: list[tuple[torch.Tensor | None, ...]] = []
     for s in range(0, h.shape[0], chunk_rows):
         g = gather_ids[s:s + chunk_rows] if gather_ids is not None else None
         args = (h[s:s + chunk_rows], weight, bias, targets[s:s + chunk_rows], temperature, entropy_grad, g, top_k,
-                top_k_vocab, transform)
+                top_k_vocab, transform, truncation)
         parts.append(checkpoint(_head, *args, use_reentrant=False) if grad else _head(*args))
     if not parts:
         k = gather_ids.shape[1] if gather_ids is not None else 0

@@ -1,4 +1,4 @@
-"""The streamed update (RolloutPipe): one optimiser step over a batch whose groups arrive in pieces
+"""The streamed update (the Ray pipeline): one optimiser step over a batch whose groups arrive in pieces
 (the Ray rollout workers' jobs), started before the last piece is in.
 
 The loss of a mini-batch is a sum over its rows divided by the mini-batch's token or sequence count
@@ -54,7 +54,7 @@ class StreamedUpdate:
         if not self.pending:
             return False
         piece, measured = self.prepare(self.pending.pop(0))
-        piece = self.objective.prepare(piece, self.updater)
+        piece = self.updater.prepared(piece, self.objective)
         for k, v in loss_normalizers(piece.loss_mask).items():  # every row counts, skipped or not
             self.counts[k] += v
         self.forwarded += self.updater.accumulate(piece, self.objective, UNIT, self.tally)

@@ -1,11 +1,13 @@
 """The generic updater: the policy model, its optimiser and schedule, precision, token-budget
 micro-batching, checkpoint state and weight export. What is optimised comes from an
-`Objective` (RL, SFT, DPO, distillation) that the trainer passes to `Updater.update`."""
+`Objective` (RL, SFT, DPO, distillation) that the trainer passes to `Updater.update`: the updater
+runs the forward the objective declares and hands its outputs to the objective's loss, so it knows
+no method, and the objective never calls back."""
 from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -15,16 +17,17 @@ from upslope import lora
 from upslope.algos.aggregate import loss_normalizers
 from upslope.batch import Batch, group_micro_batch_indices, micro_batch_indices
 from upslope.config import Config, DistConfig, LoraConfig, ModelConfig, OptimConfig, TrainConfig
-from upslope.dist import group, shard
-from upslope.dist.balance import assign_by_tokens
+from upslope.distributed import group, shard
+from upslope.distributed.balance import assign_by_tokens
 from upslope.models import load_model
+from upslope.scalar_head import token_values
 from upslope.train.learner.finite import NonFiniteGuard
-from upslope.train.learner.logprobs import HeadOutput, same_prompt_within_groups, token_scores
+from upslope.train.learner.logprobs import HeadOutput, Truncation, same_prompt_within_groups, token_scores
 from upslope.train.learner.memory import return_large_frees, use_lean_activations
 from upslope.train.learner.optim import make_optimizer, make_scheduler, moments_as
 
 if TYPE_CHECKING:
-    from upslope.train.learner.objectives import Objective
+    from upslope.train.learner.objectives import Forward, ModelOutputs, Objective
 
 
 SHARDED_STATE = "sharded"  # trainer state's optimizer entry when the state went into the DCP shards
@@ -66,7 +69,7 @@ class Tally:
 class Updater:
     """Model + optimiser + schedule, and the one update loop every objective shares. The model
     is the policy (a causal LM) unless `loader` builds another (e.g. a scalar-head model for a
-    critic or a reward model, see `upslope.train.learner.scalar`)."""
+    critic or a reward model, see `upslope.scalar_head`)."""
 
     def __init__(self, model_path: str, model: ModelConfig, train: TrainConfig, optim: OptimConfig,
                  lora_cfg: LoraConfig, device: str | torch.device | None = None, loader: ModelLoader = causal_lm,
@@ -128,11 +131,6 @@ class Updater:
         return self._reference
 
     @property
-    def has_reference(self) -> bool:
-        """Has a frozen reference been loaded?"""
-        return self._reference is not None
-
-    @property
     def vocab_size(self) -> int:
         """Rows of the policy's output head (padded heads may exceed the tokenizer's vocabulary)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
@@ -184,9 +182,10 @@ class Updater:
         return completions + prompts
 
     def forward(self, model: Any, mb: Batch, *, temperature: float, entropy_grad: bool = False,
-                gather_ids: torch.Tensor | None = None, top_k: int = 0,
-                top_k_vocab: int | None = None) -> HeadOutput:
-        """One micro-batch through `model`: per-token log-probs and entropies at `temperature`."""
+                gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None,
+                truncation: Truncation = Truncation()) -> HeadOutput:
+        """One micro-batch through `model`: per-token log-probs and entropies at `temperature` (and the
+        sampler's `truncation`)."""
         mb = mb.to(self.device)
         with self.autocast():
             shared = None
@@ -197,11 +196,11 @@ class Updater:
                                 entropy_grad=entropy_grad and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
-                                checkpoint_layers=self.train_cfg.grad_checkpointing)
+                                checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
-              top_k_vocab: int | None = None) -> HeadOutput:
+              top_k_vocab: int | None = None, truncation: Truncation = Truncation()) -> HeadOutput:
         """No-grad forward of the batch's trained tokens in token-budget micro-batches, on the CPU:
         [N, L] log-probs and entropies, and with `top_k` the model's own top-k ids and log-probs
         [N, L, K]. `model` defaults to the policy (a frozen reference or a teacher otherwise)."""
@@ -215,7 +214,7 @@ class Updater:
         try:
             for idx in self.micro_batches(batch):
                 out = self.forward(model, batch.select(idx), temperature=temperature, top_k=top_k,
-                                   top_k_vocab=top_k_vocab)
+                                   top_k_vocab=top_k_vocab, truncation=truncation)
                 rows, width = torch.as_tensor(idx), out.logprobs.shape[1]
                 lp[rows, :width], ent[rows, :width] = out.logprobs.cpu(), out.entropy.cpu()
                 if topk_lp is not None and topk_ids is not None:
@@ -224,9 +223,24 @@ class Updater:
             self.model.train()
         return HeadOutput(lp, ent, topk_logprobs=topk_lp, topk_ids=topk_ids)
 
-    def logprobs(self, batch: Batch, *, temperature: float, reference: bool = False) -> torch.Tensor:
-        """[N, L] log-probs of the batch's trained tokens under the policy (or the frozen reference)."""
-        return self.score(batch, self.reference() if reference else self.model, temperature=temperature).logprobs
+    def logprobs(self, batch: Batch, *, temperature: float, reference: bool = False,
+                 truncation: Truncation = Truncation()) -> torch.Tensor:
+        """[N, L] log-probs of the batch's trained tokens under the policy (or the frozen reference), at the
+        sampler's temperature and truncation."""
+        return self.score(batch, self.reference() if reference else self.model, temperature=temperature,
+                          truncation=truncation).logprobs
+
+    def outputs(self, mb: Batch, spec: "Forward") -> "ModelOutputs":
+        """What an objective's loss reads of one micro-batch (on this device), as its `Forward` says: the
+        LM head's log-probs and entropies (with top-k or gathered ids), or a scalar head's values or scores."""
+        if spec.head == "lm":
+            gather = getattr(mb, spec.gather) if spec.gather is not None else None
+            return self.forward(self.model, mb, temperature=spec.temperature, entropy_grad=spec.entropy_grad,
+                                gather_ids=gather, top_k=spec.top_k, truncation=spec.truncation)
+        with self.autocast():
+            if spec.head == "token_values":
+                return token_values(self.model, mb)
+            return self.model.sequence_scores(mb.input_ids, mb.attention_mask)
 
     # ------------------------------------------------------------------ update
 
@@ -248,19 +262,27 @@ class Updater:
                epochs: int | None = None) -> dict[str, float]:
         """The update every trainer shares: `updates_per_batch` mini-batches x `epochs_per_batch`
         optimiser steps (or `updates` x `epochs` when given), each accumulated over token-budget
-        micro-batches. The objective first prepares the batch (e.g. old log-probs), then gives
-        each micro-batch's share of the mini-batch loss (normalised by the mini-batch's token and
-        sequence counts) and per-token-mean metrics (`Objective.micro_step`: the policy's log-probs
-        by default, a scalar head's outputs for a `ScalarObjective`). An objective that `gathers`
-        gets the policy's log-probs at its token ids from the same forward, with gradient. Rows an objective `skip`s,
-        whose loss and gradient are exactly 0, are not forwarded; the loss's normalisers still
-        count them, so the update equals the one over every row."""
-        batch = objective.prepare(batch, self)
+        micro-batches. The batch is first `prepared` for the objective (old log-probs when it asks);
+        each micro-batch's forward is the one the objective declares (`Objective.forward`: the policy's
+        log-probs and entropies, with top-k or gathered ids, or a scalar head's outputs), and its loss
+        gives the micro-batch's share of the mini-batch loss (normalised by the mini-batch's token and
+        sequence counts) and per-token-mean metrics. Rows an objective `skip`s, whose loss and gradient
+        are exactly 0, are not forwarded; the loss's normalisers still count them, so the update equals
+        the one over every row."""
+        batch = self.prepared(batch, objective)
         tally = Tally()
         for mini in self.mini_batches(batch, step, updates, epochs):
             forwarded = self.accumulate(mini, objective, loss_normalizers(mini.loss_mask), tally)
             self.optimizer_step(forwarded, tally)
         return self.update_metrics(tally, objective, batch)
+
+    def prepared(self, batch: Batch, objective: "Objective") -> Batch:
+        """The batch as the objective trains on it: with the policy's log-probs before the update when it
+        asks for them (`needs_old_logprobs`), then through its `prepare`."""
+        if objective.needs_old_logprobs and batch.old_logprobs is None:
+            batch = replace(batch, old_logprobs=self.logprobs(batch, temperature=objective.temperature,
+                                                              truncation=objective.forward.truncation))
+        return objective.prepare(batch)
 
     def accumulate(self, mini: Batch, objective: "Objective", norms: dict[str, float], tally: "Tally") -> int:
         """Forward and backward `mini` (a mini-batch, or a piece of one) in token-budget micro-batches,
@@ -273,7 +295,9 @@ class Updater:
         mine = tally.mine
         for idx, weight in self.rank_micro_batches(mini, objective.whole_groups):
             mb = mini.select(idx).to(self.device)
-            loss, metrics, entropy = objective.micro_step(self, mb, norms)
+            out = self.outputs(mb, objective.forward)
+            result = objective.loss(out, mb, norms)
+            loss, metrics = result.loss, result.metrics
             (loss * weight).backward()
             if not weight:  # a padding pass (FSDP: every rank runs as many forwards): nothing counted
                 objective.forget_last()
@@ -282,8 +306,8 @@ class Updater:
             ntok = float(mb.loss_mask.sum())
             mine["tokens"] += ntok
             mine["loss"] += float(loss.detach())
-            if entropy is not None:
-                mine["entropy"] += entropy
+            if isinstance(out, HeadOutput):  # the LM head's mean entropy over the trained tokens
+                mine["entropy"] += float((out.entropy.detach() * mb.loss_mask).sum())
             for k, v in metrics.items():
                 mine[k] += float(v) * ntok
         return mini.size
@@ -338,21 +362,37 @@ class Updater:
             self.optimizer.load_state_dict(moments_as(state["optimizer"], self.optimizer))
         self.scheduler.load_state_dict(state["scheduler"])
 
+    def snapshot(self) -> dict[str, Any]:
+        """What `restore` brings back: copies (in memory) of the trainable weights and of the optimiser
+        and schedule state (e.g. an update check that may veto the update about to be made)."""
+        import copy
+
+        weights = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        return {"weights": weights, "state": copy.deepcopy(self.state())}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Undo every update since `snapshot`: its weights and optimiser state back in place."""
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                if n in snapshot["weights"]:
+                    p.copy_(snapshot["weights"][n])
+        self.load_state(snapshot["state"])
+
     def save_sharded(self, path: Path) -> None:
         """Every rank: the weights and optimiser state as DCP shards under `path`, loadable on any number of ranks."""
-        from upslope.dist.checkpoint import save_sharded
+        from upslope.distributed.checkpoint import save_sharded
 
         save_sharded(path, self.model, self.optimizer)
 
     def load_sharded(self, path: Path) -> None:
         """Every rank: restore what `save_sharded` wrote, whatever number of ranks wrote it."""
-        from upslope.dist.checkpoint import load_sharded
+        from upslope.distributed.checkpoint import load_sharded
 
         load_sharded(path, self.model, self.optimizer)
 
     def load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         """Every rank: a one-process checkpoint's weights and optimiser state, each rank keeping its shards."""
-        from upslope.dist.checkpoint import load_full
+        from upslope.distributed.checkpoint import load_full
 
         load_full(self.model, self.optimizer, weights, optimizer_state)
 
@@ -365,7 +405,7 @@ class Updater:
         if self.lora_cfg.enabled:
             adapter = ((n, shard.plain(p.detach()).cpu()) for n, p in self.model.named_parameters() if p.requires_grad)
             return {n: t for n, t in adapter if group.is_main()}
-        from upslope.dist.checkpoint import gathered_weights
+        from upslope.distributed.checkpoint import gathered_weights
 
         return gathered_weights(self.model)
 

@@ -9,11 +9,11 @@ import torch
 
 from upslope.batch import Batch
 from upslope.config import Config, LoraConfig, OptimConfig
-from upslope.dist import group
+from upslope.distributed import group
 from upslope.errors import UpslopeError
 from upslope.models import resolve_model
-from upslope.train.learner.objectives import ValueObjective, token_values
-from upslope.train.learner.scalar import scalar_loader
+from upslope.scalar_head import scalar_loader, token_values
+from upslope.train.learner.objectives import ValueObjective
 from upslope.train.learner.updater import SHARDED_STATE, Updater
 
 CRITIC_SHARDS = "critic"  # the critic's DCP shards, inside a sharded checkpoint's sharded/
@@ -97,6 +97,3 @@ class Critic:
             raise UpslopeError(f"the checkpoint's critic state does not fit this critic ({reason}); it was written "
                                f"by another critic.model or an older upslope: start a new run") from None
 
-
-def save_critic(critic: Critic, directory: Path) -> None:
-    torch.save(critic.state(), directory / "critic.pt")

@@ -10,7 +10,9 @@ from typing import Any
 from upslope.batch import Batch
 from upslope.errors import ConfigError
 from upslope.registry import DISTILL_LOSSES
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.collect import Rounds
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.learner.objectives import DistillObjective
 from upslope.train.methods.teacher import Teacher
 
@@ -32,6 +34,7 @@ class DistillTrainer(BaseTrainer):
     def setup(self) -> None:
         cfg = self.cfg
         self.setup_task(rewards=cfg.distill.log_reward)
+        self.rounds = Rounds(want=cfg.rollout.prompts_per_step, merge_repeats=self.merge_repeats)
         self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
                                         where="distill.loss.options")
         self.teacher = Teacher(cfg.distill, cfg.model, self.runtime.model_path, self.runtime.tokenizer,
@@ -43,7 +46,7 @@ class DistillTrainer(BaseTrainer):
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
         # rewards (when configured) only say how good the student's samples are; the update does not use them
-        got = self.collect(step, want=self.cfg.rollout.prompts_per_step)
+        got = self.source.next(step)
         batch, metrics = got.batch, got.metrics
         with self.clock("teacher"):
             passes = self.teacher.forward_passes
@@ -52,7 +55,7 @@ class DistillTrainer(BaseTrainer):
         with self.clock("learner"):
             metrics.update(self.update(batch, step))
         with self.clock("sync"):
-            self.sync_weights()
+            self.push_weights()
         return metrics
 
     def setup_objective(self) -> None:

@@ -22,7 +22,9 @@ from upslope.data.pairs import load_pairs, reply_ids
 from upslope.data.samplers import UniformSampler
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import PREFERENCE_LOSSES
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.collect import Rounds
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.learner.objectives import PreferenceObjective
 from upslope.train.methods.pair_batch import best_worst_pairs, completion_slices, completion_values, pair_batch
 
@@ -31,7 +33,7 @@ REF_CHUNK = 64  # pairs per no-grad batch when computing the reference log-probs
 
 class DPOTrainer(BaseTrainer):
     """Preference optimisation: each step takes `dpo.pairs_per_step` pairs and updates the
-    policy with the configured preference loss through `Learner.optimize`."""
+    policy with the configured preference loss through `Updater.update`."""
 
     @property
     def uses_engine(self) -> bool:  # type: ignore[override]
@@ -64,7 +66,7 @@ class DPOTrainer(BaseTrainer):
     def setup(self) -> None:
         cfg, d = self.cfg, self.cfg.dpo
         self.loss_fn = PREFERENCE_LOSSES.bind(d.loss.name, d.loss.options, where="dpo.loss.options")
-        self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).attrs.get("reference", True))
+        self.needs_reference = bool(PREFERENCE_LOSSES.get(d.loss.name).traits.reference)
         self.pad_id = self.runtime.tokenizer.pad_token_id
         self.ref_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # file pairs: index -> (c, r)
         if d.source == "dataset":
@@ -80,6 +82,10 @@ class DPOTrainer(BaseTrainer):
             self.report.note(f"{len(self.pairs)} preference pairs from {d.path}")
         else:
             self.setup_task()
+            r = cfg.rollout
+            self.rounds = Rounds(want=d.pairs_per_step, per_round=r.prompts_per_step, refill=False,
+                                 max_rounds=r.max_resample_rounds, merge_repeats=self.merge_repeats)
+            self.keep = best_worst_pairs
 
     def title(self) -> str:
         return f"dpo ({self.cfg.dpo.loss.name}, {self.cfg.dpo.source.replace('_', '-')} pairs)"
@@ -123,9 +129,7 @@ class DPOTrainer(BaseTrainer):
         """On-policy pairs: rollout + reward rounds until dpo.pairs_per_step groups had differing
         rewards (at most 1 + rollout.max_resample_rounds rounds); each such group gives its best
         and its worst completion."""
-        r = self.cfg.rollout
-        got = self.collect(step, want=self.cfg.dpo.pairs_per_step, per_round=r.prompts_per_step, refill=False,
-                           max_rounds=r.max_resample_rounds, keep=best_worst_pairs)
+        got = self.source.next(step)
         got.metrics["pairs/built"] = float(got.kept_groups)
         return got.batch, got.metrics
 
@@ -153,7 +157,7 @@ class DPOTrainer(BaseTrainer):
             metrics.update(self.updater.update(batch, step, self.objective))
         if self.uses_engine:
             with self.clock("sync"):
-                self.sync_weights()
+                self.push_weights()
         return metrics
 
     # ------------------------------------------------------------------ checkpoint state

@@ -7,6 +7,7 @@ held-out gate may veto (`randopt.gate_prompts`); the update is applied to the po
 policy is pushed back, so the engine holds the policy's weights after every step."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -14,9 +15,11 @@ import torch
 from upslope.config import Config
 from upslope.errors import ConfigError
 from upslope.registry import CONSOLIDATORS
-from upslope.train.collect import Collected, collect
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.seeding import seed_step, step_seed
+from upslope.train.collect import Collected, Rounds, collect, on_engine
+from upslope.train.loop import BaseTrainer
 from upslope.train.methods.perturb import WeightNoise
+from upslope.train.sources import step_sampling
 
 
 def directions(population: int, antithetic: bool) -> list[tuple[int, float]]:
@@ -77,9 +80,10 @@ class RandOptTrainer(BaseTrainer):
     def score(self, step: int, indices: list[int], round_: int) -> tuple[torch.Tensor, Collected]:
         """Roll out the engine's current weights on `indices` (sampling seed of (step, round_)) and
         score them: each prompt's mean reward, and what was collected."""
-        got = collect(self.runtime.engine, self.task, lambda _: indices, lambda _r: self.sampling(step, round_),
-                      self.runtime.tokenizer.pad_token_id, want=len(indices), per_round=len(indices),
-                      rollout=self.rollout, clock=self.clock)
+        params = step_sampling(self.cfg, self.runtime.stop_ids, step)
+        params = replace(params, seed=params.seed + round_)
+        got = collect(self.task, on_engine(self.runtime.engine, self.rollout, self.task.pad_id), lambda _: indices,
+                      params, Rounds(want=len(indices), reseed=step_seed(self.cfg.train.seed, step)), clock=self.clock)
         return per_prompt_means(got.seen.rewards, got.seen.group_ids, len(indices)), got
 
     def step(self, step: int) -> dict[str, Any]:
@@ -112,7 +116,7 @@ class RandOptTrainer(BaseTrainer):
             metrics["randopt/update_rms"] = self.noise.apply_(step, coefs) if accepted else 0.0
         metrics["randopt/accepted"] = float(accepted)
         with self.clock("sync"):
-            self.sync_weights()
+            self.push_weights()
         return metrics
 
     def population_metrics(self, table: torch.Tensor, collected: list[Collected]) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from typing import Any
 from upslope.algos.rejection import keep_indices
 from upslope.batch import Batch
 from upslope.errors import ConfigError
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.train.collect import Rounds
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.learner.objectives import SupervisedObjective
 from upslope.train.trainers.sft import check_supervised
 
@@ -32,6 +34,7 @@ class RFTTrainer(BaseTrainer):
     def setup(self) -> None:
         cfg = self.cfg
         self.setup_task()
+        self.rounds = Rounds(want=cfg.rft.prompts_per_round, merge_repeats=self.merge_repeats)
         self.objective = SupervisedObjective(cfg.sft.dft)  # fine-tunes the model's own distribution (temperature 1)
         self.samples_path = self.run_dir / SAMPLES_FILE
         if self.main and not cfg.train.resume and self.samples_path.exists():  # a fresh run starts a fresh file
@@ -47,7 +50,7 @@ class RFTTrainer(BaseTrainer):
     def step(self, step: int) -> dict[str, Any]:
         cfg, r = self.cfg, self.cfg.rft
         seed_step(cfg.train.seed, step)
-        got = self.collect(step, want=r.prompts_per_round)
+        got = self.source.next(step)
         batch, metrics = got.batch, got.metrics
         keys = [tuple(batch.input_ids[i, int(batch.prompt_lens[i]):int(batch.seq_lens[i])].tolist())
                 for i in range(batch.size)]
@@ -65,7 +68,7 @@ class RFTTrainer(BaseTrainer):
         with self.clock("learner"):
             metrics.update(self.updater.update(kept, step, self.objective, updates=updates, epochs=r.epochs))
         with self.clock("sync"):
-            self.sync_weights()
+            self.push_weights()
         return metrics
 
     def write_samples(self, kept: Batch, example_idx: list[int], step: int) -> None:

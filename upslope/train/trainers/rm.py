@@ -1,6 +1,6 @@
 """`upslope rm`: reward-model training on the shared loop.
 
-The reward model is a scalar head on a causal LM (`upslope.train.learner.scalar`) trained by
+The reward model is a scalar head on a causal LM (`upslope.scalar_head`) trained by
 its own `Updater` with the Bradley-Terry objective. Pairs come from a file (rm.source=dataset,
 the formats of `upslope dpo`) or from the policy's own samples (rm.source=on_policy):
 rollout.n completions per prompt through the engine, scored by the configured (verifiable)
@@ -14,6 +14,7 @@ as the `reward_model` reward's path.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,20 @@ from upslope.logs.plot import plot_curves
 from upslope.logs.sinks import read_metrics
 from upslope.models import load_tokenizer, resolve_model
 from upslope.train.learner.objectives import BradleyTerryObjective, pair_metrics
-from upslope.train.learner.scalar import score_rows, scalar_loader, tokenizer_difference
-from upslope.train.collect import Task
+from upslope.scalar_head import score_rows, scalar_loader, tokenizer_difference
+from upslope.train.collect import Rounds
 from upslope.train.learner.updater import Updater
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.methods.pair_batch import best_worst_pairs, pair_batch, pair_rows
+from upslope.train.sources import LocalCollector
 
 
 class RMTrainer(BaseTrainer):
     """Bradley-Terry reward-model training: each step takes rm.pairs_per_step pairs and makes
     one optimiser step (train.updates_per_batch x train.epochs_per_batch) on them."""
+
+    pushes_weights = False  # the engine samples from the initial policy, never from the reward model
 
     @property
     def uses_engine(self) -> bool:  # type: ignore[override]
@@ -88,6 +93,13 @@ class RMTrainer(BaseTrainer):
                              f"from {r.eval_path or r.path}")
         else:
             self.setup_task()
+            self.rounds = self.pair_rounds(r.pairs_per_step, cfg.rollout.max_resample_rounds)
+            self.keep = best_worst_pairs
+
+    def pair_rounds(self, want: int, max_rounds: int) -> Rounds:
+        """Rollout + reward rounds of rollout.prompts_per_step prompts until `want` groups had differing rewards."""
+        return Rounds(want=want, per_round=self.cfg.rollout.prompts_per_step, refill=False, max_rounds=max_rounds,
+                      merge_repeats=self.merge_repeats)
 
     def make_updater(self) -> Updater:
         """The reward model on its own Updater; train.grad_checkpointing recomputes each decoder layer
@@ -105,9 +117,6 @@ class RMTrainer(BaseTrainer):
     def title(self) -> str:
         return f"reward model ({self.cfg.rm.source.replace('_', '-')} pairs)"
 
-    def sync_weights(self) -> None:
-        """Nothing: the engine samples from the initial policy, never from the reward model."""
-
     # ------------------------------------------------------------------ pairs
 
     def encode_pairs(self, pairs: list[PreferencePair]) -> list[tuple[list[int], list[int], list[int]]]:
@@ -123,28 +132,23 @@ class RMTrainer(BaseTrainer):
         p, c, r = zip(*pairs)
         return pair_batch(p, c, r, list(range(len(pairs))), self.pad_id)
 
-    def on_policy_pairs(self, step: int, want: int) -> tuple[Batch, dict[str, Any]]:
-        """Rollout + reward rounds until `want` groups had differing rewards; each gives its best and worst."""
-        r = self.cfg.rollout
-        got = self.collect(step, want=want, per_round=r.prompts_per_step, refill=False,
-                           max_rounds=r.max_resample_rounds, keep=best_worst_pairs)
+    def on_policy_pairs(self, step: int) -> tuple[Batch, dict[str, Any]]:
+        """The step's pairs: each group with differing rewards gives its best and its worst completion."""
+        got = self.source.next(step)
         got.metrics["pairs/built"] = float(got.kept_groups)
         return got.batch, got.metrics
 
     def held_out_pairs(self) -> Batch:
         """The evaluation pairs: on-policy, built once (seeded) from the evaluation prompts."""
         if self.held_out is None:
-            sampler, task, r = self.sampler, self.task, self.cfg.rollout
+            assert self.task is not None
             prompt_ids, examples = self.encode_prompts(self.eval_examples)
-            self.task = Task(prompt_ids, examples, task.reward_fns, task.combiner, task.fallback)
-            self.sampler = UniformSampler(len(examples), shuffle=False)
-            rounds = -(-len(examples) // r.prompts_per_step)  # each evaluation prompt at most once
-            try:
-                got = self.collect(0, want=self.cfg.rm.eval_pairs, per_round=r.prompts_per_step, refill=False,
-                                   max_rounds=rounds - 1, keep=best_worst_pairs)
-            finally:
-                self.task, self.sampler = task, sampler
-            self.held_out = got.batch
+            task = replace(self.task, prompt_ids=prompt_ids, examples=examples, tokenizer=None)
+            rounds = -(-len(examples) // self.cfg.rollout.prompts_per_step)  # each evaluation prompt at most once
+            source = LocalCollector(self.cfg, self.runtime, task, UniformSampler(len(examples), shuffle=False),
+                                    replace(self.pair_rounds(self.cfg.rm.eval_pairs, rounds - 1), merge_repeats=False),
+                                    best_worst_pairs, self.rollout, self.clock)
+            self.held_out = source.next(0).batch
         return self.held_out
 
     # ------------------------------------------------------------------ step and evaluation
@@ -152,7 +156,7 @@ class RMTrainer(BaseTrainer):
     def step(self, step: int) -> dict[str, Any]:
         seed_step(self.cfg.train.seed, step)
         if self.uses_engine:
-            batch, metrics = self.on_policy_pairs(step, self.cfg.rm.pairs_per_step)
+            batch, metrics = self.on_policy_pairs(step)
         else:
             batch = self.file_batch([self.pairs[i] for i in self.sampler.next(self.cfg.rm.pairs_per_step)])
             metrics = {"pairs/built": float(batch.num_groups)}

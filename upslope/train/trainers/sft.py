@@ -1,5 +1,5 @@
 """`upslope sft`: supervised fine-tuning (and DFT) on chat or prompt/response data, on the
-shared loop (BaseTrainer) and update (Learner.optimize). The loss covers assistant tokens
+shared loop (BaseTrainer) and update (Updater.update). The loss covers assistant tokens
 only; evaluation is held-out accuracy on eval.data (default: the task named by data.task)."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from upslope.data.samplers import UniformSampler
 from upslope.data.sft import encode_conversations, load_conversations
 from upslope.errors import ConfigError
 from upslope.train.learner.objectives import SupervisedObjective
-from upslope.train.loop import BaseTrainer, seed_step
+from upslope.seeding import seed_step
+from upslope.train.loop import BaseTrainer
 from upslope.train.learner.memory import release_freed_memory
 
 
@@ -24,7 +25,7 @@ def check_supervised(cfg: Config, command: str) -> None:
 
 class SFTTrainer(BaseTrainer):
     """Each step: `sft.batch_size` conversations from a seeded sampler (epochs over the data,
-    checkpointed), one Learner.optimize with the SFT loss. The engine starts only to evaluate."""
+    checkpointed), one Updater.update with the SFT loss. The engine starts only to evaluate."""
 
     uses_engine = False
 

@@ -1,0 +1,68 @@
+"""vLLM from a Python environment whose path has spaces (a clone in "/tmp/my project"): torch's
+compiler cannot build there, so vLLM's compiled helpers run uncompiled; and the libraries vLLM adds
+to LD_PRELOAD from such a path are dropped, since the loader splits that list at spaces."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from upslope.rollout.vllm import drop_spaced_preloads
+
+COMPILE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    assert " " in torch.__file__, torch.__file__
+    if sys.argv[2] == "workaround":
+        from upslope.rollout.vllm import work_around_spaced_install
+        work_around_spaced_install()
+    rank = torch.compile(lambda x, v: (x >= v).sum(-1))  # what vLLM compiles for log-prob ranks
+    print(rank(torch.tensor([[0.1, 0.5, 0.9]]), torch.tensor([[0.5]])).tolist())
+""")
+
+
+def _spaced_site(tmp_path) -> str:
+    """This environment's site-packages seen through a path with a space (torch imported from there)."""
+    import torch
+
+    site = tmp_path / "my project" / "site-packages"
+    site.parent.mkdir()
+    site.symlink_to(os.path.dirname(os.path.dirname(torch.__file__)))
+    return str(site)
+
+
+def _run(site: str, mode: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    return subprocess.run([sys.executable, "-c", COMPILE, site, mode], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_compiled_helpers_run_from_a_path_with_spaces(tmp_path):
+    site = _spaced_site(tmp_path)
+    fixed = _run(site, "workaround", tmp_path)
+    assert fixed.returncode == 0 and fixed.stdout.strip() == "[2]", fixed.stderr[-2000:]
+    said = [line for line in fixed.stderr.splitlines() if "path with spaces" in line]
+    assert len(said) == 1 and site in said[0], fixed.stderr
+
+
+@pytest.mark.slow  # a failing C++ build: about 30 s
+def test_without_the_workaround_torchs_compiler_fails_there(tmp_path):
+    """The premise: torch's compiler puts the include path unquoted on the compiler's command line."""
+    broken = _run(_spaced_site(tmp_path), "plain", tmp_path)
+    assert broken.returncode != 0 and "CppCompileError" in broken.stderr, broken.stderr[-2000:]
+
+
+def test_only_the_spaced_preloads_vllm_added_are_dropped(monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/opt/a b/users-own.so")
+    before = os.environ["LD_PRELOAD"]
+    monkeypatch.setenv("LD_PRELOAD", "/x y/vllm/libs/libtcmalloc.so.4:/opt/a b/users-own.so:/ok/torch/lib/libgomp.so.1")
+    drop_spaced_preloads(before)
+    assert os.environ["LD_PRELOAD"] == "/opt/a b/users-own.so:/ok/torch/lib/libgomp.so.1"
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setenv("LD_PRELOAD", "/x y/torch/lib/libgomp.so.1")
+    drop_spaced_preloads(None)
+    assert "LD_PRELOAD" not in os.environ
