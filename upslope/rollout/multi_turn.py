@@ -234,10 +234,11 @@ def take_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budget
 
 
 def finish(trajs: Sequence[Trajectory]) -> None:
-    """Every trajectory done, with every declared reward part in declared order (the first decides
-    accuracy; a missing one counts 0), then any others."""
+    """Every trajectory done and its environment closed, with every declared reward part in declared order
+    (the first decides accuracy; a missing one counts 0), then any others."""
     for tr in trajs:
         tr.done = True
+        tr.env.close()
         tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
 
 
