@@ -1,7 +1,7 @@
 """The recipes of the agent program and the gym-style environment load and roll out a step on the tiny
-model: the python-tool program through rollout.kind=openai_agent (run from the project root, where the
-recipe names it), SkyRL-gym's gsm8k_multi_turn through multi_turn, the verifiers example environment
-through its own rollout."""
+model, from the test's own working directory (the recipes name their programs relative to themselves): the
+python-tool program through rollout.kind=openai_agent, SkyRL-gym's gsm8k_multi_turn through multi_turn, the
+verifiers example environment through its own rollout."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("recipe, package", [("openai_agent_python.yaml", "openai"), ("skyrl_gym_arith.yaml", "skyrl_gym"),
                                              ("verifiers_products.yaml", "verifiers")])
-def test_recipe_rolls_out(recipe, package, tmp_path, tiny_model_path, tokenizer, hf_engine, monkeypatch):
+def test_recipe_rolls_out(recipe, package, tmp_path, tiny_model_path, tokenizer, hf_engine):
     pytest.importorskip(package)
-    monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "recipes" / recipe, [f"run_dir={tmp_path}", f"model.name={tiny_model_path}"])
     examples = load_examples(cfg.data, "test")[:1]
     params = SamplingParams(n=2, max_new_tokens=cfg.rollout.max_new_tokens, seed=0, stop_token_ids=[2])

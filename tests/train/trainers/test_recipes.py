@@ -39,6 +39,9 @@ SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # tree rollouts and 
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]
+# recipes of an optional extra: they run where its package is installed
+NEEDS = {"openai_agent_python": "openai", "reasoning_gym": "reasoning_gym", "skyrl_gym_arith": "skyrl_gym",
+         "verifiers_products": "verifiers"}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -68,6 +71,8 @@ def tiny_reward_model(tiny_model_path, tokenizer, tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("recipe", RUNS)
 def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_path):
+    if recipe.stem in NEEDS:
+        pytest.importorskip(NEEDS[recipe.stem])
     cfg = load_config(recipe, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path}",
                                "log.progress=false", "log.tensorboard=false", "log.plot=false",
                                "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
