@@ -68,6 +68,12 @@ class GuessEnvironment(Environment):
     @property
     def state(self) -> State:
         return self._state
+
+    def close(self) -> None:
+        CLOSED.append(self._state.episode_id)
+
+
+CLOSED = []
 '''
 
 
@@ -100,9 +106,15 @@ def test_an_openenv_environment_trains_through_multi_turn(guess_env, tokenizer, 
     cfg = AgentConfig(env=Plugin(name="openenv", options={"env": guess_env, "observation_field": "feedback",
                                                           "env_args": {"max_guesses": 2}}),
                       max_turns=3, max_turn_tokens=6)
-    batch = multi_turn(hf_engine, [], arith(split="test", count=2), SamplingParams(n=2, max_new_tokens=60, seed=1,
-                       stop_token_ids=[2]), 2, run=AgentRun(cfg, tokenizer))
+    params = SamplingParams(n=2, max_new_tokens=60, seed=1, stop_token_ids=[2])
+    batch = multi_turn(hf_engine, [], arith(split="test", count=2), params, 2, run=AgentRun(cfg, tokenizer))
     assert batch.size == 4
+    env_class = ENVIRONMENTS.bind("openenv", {"env": guess_env})().classes[0]  # the class the rollout used
+    closed = env_class.close.__globals__["CLOSED"]
+    assert len(closed) == 4  # every trajectory's environment, once
+    one_turn = cfg.model_copy(update={"max_turns": 1})  # trajectories cut by the turn limit, not done: closed too
+    multi_turn(hf_engine, [], arith(split="test", count=2), params, 2, run=AgentRun(one_turn, tokenizer))
+    assert len(closed) == 8
     for m, mask in zip(batch.meta, batch.loss_mask):  # a random model guesses wrong twice: the environment ends it
         assert m["metrics"]["agent/turns"] == 2 and m["reward_parts"] == {"reward": 0.0}
         assert [msg["content"] for msg in m["messages"] if msg["role"] == "user"][1].endswith("try again")
