@@ -47,7 +47,7 @@ def correct(completion, answer, **kwargs):
 
 def load_environment(n=6, multi_turn=True):
     rows = [{"question": f"What is {a} * 7?", "answer": str(7 * a)} for a in range(2, 2 + n)]
-    rubric = vf.Rubric(funcs=[correct, even_length], weights=[1.0, 0.0])
+    rubric = vf.Rubric(funcs=[correct, even_length], weights=[1.0, 0.5])
     if not multi_turn:
         return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=rubric)
     return Retry(dataset=Dataset.from_list(rows[:4]), eval_dataset=Dataset.from_list(rows[4:]), rubric=rubric,
@@ -75,8 +75,9 @@ def test_a_multi_turn_environment_trains_through_its_own_rollout(tmp_path, tiny_
     assert batch.size == 4 and batch.group_ids.tolist() == [0, 0, 1, 1]
     for i, m in enumerate(batch.meta):
         assert m["metrics"]["agent/turns"] == 3 and m["metrics"]["agent/rows"] == 1  # the env asked twice more
-        assert list(m["reward_parts"])[:3] == ["reward", "correct", "even_length"]
-        assert m["reward_parts"]["even_length"] == float(len(m["completion"]) % 2 == 0)  # it scored our reply
+        # the rubric's weighted sum of our last reply, and only it (its metrics, num_turns among them, are no reward)
+        reply = m["completion"]
+        assert m["reward_parts"] == {"reward": float(m["answer"] in reply) + 0.5 * float(len(reply) % 2 == 0)}
         assert sum(msg["content"] == "Not yet. Once more, only the number." for msg in m["messages"]) == 2
     lp, _ = token_logprobs(hf_engine.model, batch.input_ids, batch.attention_mask, batch.loss_mask)
     mask = batch.loss_mask > 0

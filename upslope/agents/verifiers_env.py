@@ -89,7 +89,8 @@ def verifiers_task(*, split: str = "train", env: str = "", args: dict[str, Any] 
 
 def program(base_url: str, row: dict[str, Any]) -> dict[str, float]:
     """The agent program of a verifiers task row: the environment's own rollout against `base_url`, scored by its
-    rubric. Reward parts: `reward` (the rubric's weighted sum, first: it decides accuracy), then each metric."""
+    rubric. One reward part, `reward`: the rubric's weighted sum, the environment's reward as verifiers defines it
+    (its metrics, such as num_turns or a function of weight 0, are not rewards and are not added to it)."""
     vf = _verifiers()
     spec = row.get("verifiers")
     if not isinstance(spec, dict):
@@ -105,4 +106,4 @@ def program(base_url: str, row: dict[str, Any]) -> dict[str, float]:
     out = asyncio.run(vf_env.run_rollout(inp, client, "policy", {}))
     if out.get("error"):
         raise RuntimeError(f"the verifiers rollout failed: {out['error']}")
-    return {"reward": float(out["reward"]), **{k: float(v) for k, v in (out.get("metrics") or {}).items()}}
+    return {"reward": float(out["reward"])}
