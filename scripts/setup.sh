@@ -23,7 +23,7 @@ fi
 [ -d .venv ] || "$PY" -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
-extras="dev,tensorboard,trackers,ray"
+extras="dev,tensorboard,trackers,ray,agents,reasoning-gym,gym"
 if [ -z "${UPSLOPE_NO_VLLM:-}" ]; then
   if python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     extras="$extras,vllm"

@@ -78,6 +78,31 @@ def test_base_recipe_inheritance(tmp_path):
     assert cfg.algo.advantage.options == {"eps": 0.01}
 
 
+def test_a_recipes_py_files_are_relative_to_the_recipe(tmp_path, monkeypatch):
+    """A .py file a recipe names beside it (an agent program, a reward function) is found from any working
+    directory, in the recipe and in its base; a file only the working directory holds, and values that merely
+    end in .py elsewhere, are left alone; the command line stays relative to the working directory."""
+    (tmp_path / "recipes" / "progs").mkdir(parents=True)
+    (tmp_path / "recipes" / "progs" / "agent.py").write_text("def agent(base_url, row):\n    return 1.0\n")
+    (tmp_path / "recipes" / "rewards.py").write_text("def fn(c, a, m):\n    return 0.0\n")
+    write(tmp_path / "recipes" / "base.yaml", """
+        reward: [{name: "rewards.py:fn"}]
+    """)
+    write(tmp_path / "recipes" / "child.yaml", """
+        base: base.yaml
+        rollout: {kind: openai_agent, options: {agent: "progs/agent.py:agent", command: "python nowhere.py"}}
+    """)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(tmp_path / "recipes" / "child.yaml", [])
+    assert cfg.rollout.options["agent"] == f"{tmp_path}/recipes/progs/agent.py:agent"
+    assert cfg.reward[0].name == f"{tmp_path}/recipes/rewards.py:fn"
+    assert cfg.rollout.options["command"] == "python nowhere.py"
+    cli = load_config(tmp_path / "recipes" / "child.yaml", ["rollout.options={agent: progs/agent.py:agent}"])
+    assert cli.rollout.options == {"agent": "progs/agent.py:agent"}
+
+
 def test_base_chain_that_loops_is_an_error(tmp_path):
     write(tmp_path / "a.yaml", "base: b.yaml\ntrain: {steps: 1}\n")
     write(tmp_path / "b.yaml", "base: a.yaml\n")

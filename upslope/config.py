@@ -641,6 +641,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a mapping of options at the top level")
     if isinstance(data.get("plugins"), list):  # plugin files are relative to the recipe naming them
         data["plugins"] = _absolute_plugin_files(data["plugins"], path.parent)
+    data = _recipe_relative_py_files(data, path.parent)
     base = data.pop("base", None)
     if base is not None and not isinstance(base, str):
         raise ConfigError(f"{path}: 'base' must be the path of a recipe file, got {base!r}")
@@ -657,6 +658,24 @@ def _absolute_plugin_files(entries: list[Any], base: Path) -> list[Any]:
     from upslope.plugins import is_file_entry
 
     return [str((base / p).expanduser().resolve()) if isinstance(p, str) and is_file_entry(p) else p for p in entries]
+
+
+def _recipe_relative_py_files(value: Any, base: Path) -> Any:
+    """Every option value in a recipe that names a .py file beside it ('agent.py:agent', 'env.py', a reward's
+    'rewards.py:fn'), made absolute when the file exists relative to the recipe, so the recipe runs from any
+    directory; other values (and files that exist only relative to the working directory) are left as they are."""
+    if isinstance(value, dict):
+        return {k: _recipe_relative_py_files(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_recipe_relative_py_files(v, base) for v in value]
+    if not isinstance(value, str) or "://" in value:
+        return value
+    file, sep, name = value.partition(".py:") if ".py:" in value else (value[:-3], "", "") if value.endswith(".py") \
+        else ("", "", "")
+    if not file or Path(file).expanduser().is_absolute():
+        return value
+    found = (base / f"{file}.py").resolve()
+    return f"{found}{':' + name if sep else ''}" if found.is_file() else value
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -291,7 +291,9 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
                    "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
                    "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts
-                   "upslope.logs.trackers")  # experiment trackers (log.trackers)
+                   "upslope.logs.trackers",  # experiment trackers (log.trackers)
+                   "upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
+                   "upslope.agents.gym_envs", "upslope.agents.verifiers_env")  # SkyRL-gym, verifiers environments
 
 
 def load_builtins() -> None:

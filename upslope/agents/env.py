@@ -54,6 +54,10 @@ class Environment:
         """Answer one model turn (`history` already ends with it)."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what this trajectory's environment holds (a session, a process); called once, when the
+        trajectory ends, done or not."""
+
 
 def answer_check(reward: str, options: dict[str, Any]) -> Callable[..., Any]:
     """A registered reward used as the environment's verifier (e.g. integer with extract=last)."""

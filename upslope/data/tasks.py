@@ -139,3 +139,5 @@ try:  # the HumanEval task lives beside the sandbox
 except ModuleNotFoundError as _exc:  # pragma: no cover
     if _exc.name != "upslope.data.humaneval":
         raise
+
+import upslope.data.reasoning_gym  # noqa: E402,F401  (registers the reasoning_gym task; the package loads on use)

@@ -25,7 +25,8 @@ for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.
              "upslope.rewards.judge", "upslope.rewards.process", "upslope.rewards.calibration",
              "upslope.rewards.arena", "upslope.rewards.diversity", "upslope.rewards.segments",
              "upslope.rewards.reference_judge", "upslope.rewards.perplexity", "upslope.rewards.self_reward",
-             "upslope.rewards.sql", "upslope.rewards.optimization", "upslope.rewards.introspection"):
+             "upslope.rewards.sql", "upslope.rewards.optimization", "upslope.rewards.introspection",
+             "upslope.rewards.reasoning_gym"):
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout

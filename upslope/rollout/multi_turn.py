@@ -216,19 +216,32 @@ def run_trajectories(run: AgentRun, engine: Engine, examples: Sequence[Example],
         outs = engine.generate([t.prompt + t.ids for t in active],
                                replace(params, n=1, max_new_tokens=max(limits), seed=seed))
         for tr, limit, [comp] in zip(active, limits, outs):
-            _model_turn(run, tr, comp, limit, budget, stop_ids)
-            pending, tr.pending = tr.pending, None
-            if pending is None:
-                continue
-            if len(tr.ids) + len(pending) >= budget:  # no room for the result and a reply: cut here
-                tr.done = tr.truncated = tr.reply_cut = True
-                continue
-            tr.append(pending, None, trained=False)
-            tr.hints += int(tr.pending_hint)
-    for tr in trajs:  # every declared part, in declared order (the first decides accuracy), then any others
-        tr.done = True
-        tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
+            take_turn(run, tr, comp, limit, budget, stop_ids)
+    finish(trajs)
     return trajs
+
+
+def take_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budget: int, stop_ids: set[int]) -> None:
+    """One turn of a trajectory: the model's completion, then the environment's reply appended (untrained),
+    or the trajectory cut when the reply and a turn after it no longer fit the token budget."""
+    _model_turn(run, tr, completion, limit, budget, stop_ids)
+    pending, tr.pending = tr.pending, None
+    if pending is None:
+        return
+    if len(tr.ids) + len(pending) >= budget:  # no room for the result and a reply: cut here
+        tr.done = tr.truncated = tr.reply_cut = True
+        return
+    tr.append(pending, None, trained=False)
+    tr.hints += int(tr.pending_hint)
+
+
+def finish(trajs: Sequence[Trajectory]) -> None:
+    """Every trajectory done and its environment closed, with every declared reward part in declared order
+    (the first decides accuracy; a missing one counts 0), then any others."""
+    for tr in trajs:
+        tr.done = True
+        tr.env.close()
+        tr.parts = {**{name: tr.parts.get(name, 0.0) for name in tr.env.reward_names}, **tr.parts}
 
 
 def trajectory_meta(run: AgentRun, tr: Trajectory, max_new_tokens: int) -> dict[str, Any]:
@@ -254,9 +267,15 @@ def multi_turn(engine: Engine, prompt_ids: Sequence[list[int]], examples: Sequen
                pad_id: int, group_offset: int = 0, *, run: AgentRun) -> Batch:
     """n multi-turn trajectories per example as a Batch (one group per example); environment tokens have
     loss_mask 0. The prompts come from each environment's reset (the encoded `prompt_ids` are not used)."""
-    trajs = run_trajectories(run, engine, examples, params, group_offset)
+    return trajectories_batch(run, run_trajectories(run, engine, examples, params, group_offset), params, pad_id,
+                              engine.version)
+
+
+def trajectories_batch(run: AgentRun, trajs: Sequence[Trajectory], params: SamplingParams, pad_id: int,
+                       version: int) -> Batch:
+    """Finished trajectories as a Batch: environment tokens have loss_mask 0, the SFT term as advantage bonus."""
     batch = build_batch([t.prompt for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
-                        [t.group for t in trajs], [t.truncated for t in trajs], pad_id, engine.version,
+                        [t.group for t in trajs], [t.truncated for t in trajs], pad_id, version,
                         [trajectory_meta(run, t, params.max_new_tokens) for t in trajs],
                         completion_loss_masks=[t.mask for t in trajs])
     return replace(batch, advantage_bonus=sft_bonus(run, trajs, batch.input_ids.shape))
