@@ -9,6 +9,7 @@ means over seeds).
 
     PYTHONPATH=$PWD python benchmarks/moe_replay.py --steps 20 --out /tmp/moe-replay      # docs/models.md: 3 seeds
     PYTHONPATH=$PWD python benchmarks/moe_replay.py --steps 2 --seeds 1 --out /tmp/smoke   # smoke
+    PYTHONPATH=$PWD python benchmarks/moe_replay.py --merge OUT1 OUT2 ... --out OUT         # one table of runs made apart
 """
 from __future__ import annotations
 
@@ -74,20 +75,31 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--replay", choices=("off", "on", "both"), default="both",
+                        help="the arms to run (one arm per process lets runs go side by side into separate --out)")
     parser.add_argument("--experts", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.1, help="expert noise, x each weight's RMS")
     parser.add_argument("--eval-limit", type=int, default=200)
     parser.add_argument("--set", nargs="*", default=[], help="more key=value overrides for every run")
+    parser.add_argument("--merge", type=Path, nargs="+", default=[],
+                        help="only write OUT/results.json and .md from these directories' results.json")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        rows = sorted((r for d in args.merge for r in json.loads((d / "results.json").read_text())),
+                      key=lambda r: (r["replay"], r["seed"]))
+        (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "results.md").write_text(markdown(rows))
+        print(markdown(rows))
+        return
     model = upcycle_directory(resolve_model("smollm2-135m-instruct"),
                               args.out / f"smollm2-moe-e{args.experts}-k{args.top_k}-n{args.noise}",
                               experts=args.experts, top_k=args.top_k, noise=args.noise)
     done = args.out / "results.json"
     rows: list[dict[str, Any]] = json.loads(done.read_text()) if done.exists() else []  # runs finished before
     for seed in args.seeds:
-        for replay in (False, True):
+        for replay in [arm for arm in (False, True) if args.replay in ("both", "on" if arm else "off")]:
             if any(r["seed"] == seed and r["replay"] == replay and r["steps"] == args.steps for r in rows):
                 continue
             rows.append(one_run(model, args.out, replay, seed, args))
