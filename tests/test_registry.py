@@ -148,7 +148,8 @@ UNBOUNDED = {
     "rollout:espo.margin",  # a negative margin stops every completion past min_tokens
     "preference_loss:simpo.gamma",  # a target margin
     "accept:mipu.min_gain",  # a threshold on the proxy, which has either sign
-    "task:arith.seed", "task:sql.seed", "task:knapsack.seed", "task:self_report.seed",
+    "task:arith.seed", "task:sql.seed", "task:knapsack.seed", "task:self_report.seed",  # a generator's seed:
+    "task:reasoning_gym.seed",  # any integer it takes
     "reward:knapsack.infeasible",  # a penalty is negative
     "preference_loss:bro.threshold", "preference_loss:bro.shift",  # compared with rewards / implicit rewards
 }
