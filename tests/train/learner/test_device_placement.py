@@ -124,7 +124,7 @@ def _learner_plugin_calls() -> list[tuple[str, str, object]]:
     """(kind, name, call) for every registered plugin the learner runs on its own device: policy
     losses, KL estimators, distillation and preference losses, with default options."""
     from upslope.algos.distill import DistillInputs
-    from upslope.algos.preference import PairLogps
+    from upslope.algos.preference import PairLogps, PairRewards
     from upslope.registry import DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES, PREFERENCE_LOSSES, load_builtins
 
     load_builtins()
@@ -145,10 +145,11 @@ def _learner_plugin_calls() -> list[tuple[str, str, object]]:
         inputs = DistillInputs(_meta(n, length), _meta(n, length), mask, _meta(n, length, k), _meta(n, length, k),
                                _meta(n, length))
         calls.append(("distill_loss", name, lambda fn=fn, x=inputs: fn(x)))
-    for name in PREFERENCE_LOSSES._entries:
+    for name, entry in PREFERENCE_LOSSES._entries.items():
         fn = PREFERENCE_LOSSES.bind(name, {}, where="test")
         pairs = PairLogps(_meta(n), _meta(n), torch.ones(n).to(META), torch.ones(n).to(META))
-        calls.append(("preference_loss", name, lambda fn=fn, p=pairs: fn(p, p)))
+        extra = {"rewards": PairRewards(_meta(n), _meta(n))} if entry.traits.rewards else {}
+        calls.append(("preference_loss", name, lambda fn=fn, p=pairs, extra=extra: fn(p, p, **extra)))
     return calls
 
 

@@ -133,7 +133,8 @@ def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
                 rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
     finally:
         updater.model.train()
-    out = torch.zeros(batch.size, rows[0][1].shape[1]) if rows else torch.zeros(batch.size, 0)
+    width = rows[0][1].shape[1] if rows else 0
+    out = torch.zeros(batch.size, width)  # cpu: the features are gathered on the host, as documented
     for idx, feats in rows:
         out[idx] = feats
     return out
@@ -157,7 +158,7 @@ def prompt_features(updater: Any, prompt_ids: Sequence[list[int]], rows: int = 6
             out.append(((h * m).sum(1) / m.sum(1)).cpu())
     finally:
         model.train()
-    return torch.cat(out) if out else torch.zeros(0, 0)
+    return torch.cat(out) if out else torch.zeros(0, 0)  # cpu: on the host, as documented
 
 
 SOURCES: dict[str, Callable[[Any, Batch, int], torch.Tensor]] = {
