@@ -4,6 +4,8 @@ its returned reward reaches the env reward, and failures are one line. Tiny mode
 openai client inside the programs."""
 from __future__ import annotations
 
+import json
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -99,7 +101,8 @@ def test_a_program_that_rewrites_its_context_gives_several_rows(tmp_path, tiny_m
 
 def test_a_command_program_gets_the_row_on_stdin_and_prints_its_reward(tmp_path, tiny_model_path, tokenizer, hf_engine):
     (tmp_path / "agent_cmd.py").write_text(textwrap.dedent(COMMAND))
-    rollout, _ = rollout_for(tmp_path, tiny_model_path, tokenizer, command=f"'{sys.executable} {tmp_path}/agent_cmd.py'")
+    command = shlex.join([sys.executable, str(tmp_path / "agent_cmd.py")])  # a shell command: paths quoted
+    rollout, _ = rollout_for(tmp_path, tiny_model_path, tokenizer, command=json.dumps(command))
     batch = rollout(hf_engine, [], arith(split="test", count=2), PARAMS, 2)
     assert batch.size == 6 and all(m["reward_parts"] == {"correct": 1.0} for m in batch.meta)
 
