@@ -5,8 +5,8 @@ rollout of `--prompts` x `--n` samples runs to its full length (the stop token i
 reply has the length asked for), and one learner update runs on that batch. Each is reported next to
 its bound: the FLOPs the work needs divided by the matmul rate measured in the same run, with the same
 thread count and precision:
-- rollout: 2 x parameters per generated token, plus the prompt prefill once per sample (shared-prefix
-  caching aside) and the attention over the context (2 x 2 x layers x hidden per cached token);
+- rollout: 2 x parameters per generated token, plus each prompt's prefill once (its samples share it,
+  as vLLM's prefix cache does) and the attention over the context (2 x 2 x layers x hidden per cached token);
 - learner: 6 x parameters per forwarded token (a shared prompt once per group; 8 x with per-layer
   checkpointing, which runs each layer's forward again in backward), plus attention likewise.
 With `--mixed` the learner's replies have mixed lengths (one per group at the full length, the others
@@ -52,8 +52,11 @@ def attention_flops(shape: dict[str, int], prompt: int, reply: int) -> float:
     return 2.0 * 2 * shape["layers"] * shape["hidden"] * total * (total + 1) / 2
 
 
-def rollout_flops(shape: dict[str, int], prompt: int, reply: int, samples: int) -> float:
-    return samples * (2.0 * shape["params"] * (prompt + reply) + attention_flops(shape, prompt, reply))
+def rollout_flops(shape: dict[str, int], prompt: int, reply: int, prompts: int, samples: int) -> float:
+    """The rollout's necessary FLOPs: each prompt prefilled once (its samples share it, as a prefix cache
+    does), every sample's reply tokens, and attention over each sample's context."""
+    return (2.0 * shape["params"] * (prompts * prompt + samples * reply)
+            + samples * attention_flops(shape, prompt, reply))
 
 
 def learner_flops(shape: dict[str, int], forwarded: int, rows: list[tuple[int, int]], recompute: bool) -> float:
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             if done is None:
                 row["error"] = benchlib.tail(run["log"], 5)
             elif kind == "rollout":
-                flops = rollout_flops(shape, int(prompt_len), length, samples)
+                flops = rollout_flops(shape, int(prompt_len), length, a.prompts, samples)
                 row.update(seconds=done["seconds"], tokens_per_s=done["generated"] / done["seconds"],
                            bound_s=flops / peak, fraction=flops / peak / done["seconds"])
             else:
