@@ -48,17 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         from upslope.models import resolve_model
 
         a.model = resolve_model("smollm2-135m-instruct", announce=lambda m: print(m, file=sys.stderr))
-    import torch
-
-    from learner_mfu import matmul_peak
-    from upslope.hardware import _cpuinfo
-
-    console = benchlib.console()
-    torch.set_num_threads(a.threads)
-    peak = matmul_peak("cpu", "fp32" if a.dtype == "float32" else "bf16", 2048, 5)["best_flops"]
-    cpu, flags = _cpuinfo()
-    console.print(f"CPU {cpu} ({', '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}); "
-                  f"{a.threads} threads; matmul {a.dtype} {peak / 1e9:.1f} GFLOP/s")
+    console, peak, cpu, flags = roofline.machine_bound(a)
     shape = roofline.model_shape(a.model)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logs = HERE / "results" / f"packing-{stamp}"

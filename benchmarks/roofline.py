@@ -194,6 +194,23 @@ def padded_tokens(learner: Any, batch: Any) -> int:
 # ---------------------------------------------------------------- driver
 
 
+def machine_bound(a: argparse.Namespace) -> tuple[Any, float, str, set[str]]:
+    """Set torch's threads, measure the matmul rate at `a.dtype` (the bound's denominator) and print the CPU
+    with it: the console, the rate in FLOP/s, the CPU model and its flags."""
+    import torch
+
+    from learner_mfu import matmul_peak
+    from upslope.hardware import _cpuinfo
+
+    console = benchlib.console()
+    torch.set_num_threads(a.threads)
+    peak = matmul_peak("cpu", "fp32" if a.dtype == "float32" else "bf16", 2048, 5)["best_flops"]
+    cpu, flags = _cpuinfo()
+    console.print(f"CPU {cpu} ({', '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}); "
+                  f"{a.threads} threads; matmul {a.dtype} {peak / 1e9:.1f} GFLOP/s")
+    return console, peak, cpu, flags
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: the embedded SmolLM2-135M-Instruct)")
@@ -221,18 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker == "learner":
         worker_learner(a)
         return 0
-    import torch
-
-    from upslope.hardware import _cpuinfo
     from upslope.models import load_tokenizer
-    from learner_mfu import matmul_peak
 
-    console = benchlib.console()
-    torch.set_num_threads(a.threads)
-    peak = matmul_peak("cpu", "fp32" if a.dtype == "float32" else "bf16", 2048, 5)["best_flops"]
-    cpu, flags = _cpuinfo()
-    console.print(f"CPU {cpu} ({', '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}); "
-                  f"{a.threads} threads; matmul {a.dtype} {peak / 1e9:.1f} GFLOP/s")
+    console, peak, cpu, flags = machine_bound(a)
     shape = model_shape(a.model)
     tok = load_tokenizer(a.model)
     prompt_len = sum(map(len, gsm8k_prompts(tok, a.prompts))) / a.prompts

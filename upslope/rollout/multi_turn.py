@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from upslope.agents.chat_render import template_takes_tools, with_system_text
 from upslope.agents.env import Environment, Message
 from upslope.agents.tools import ToolBox
 from upslope.batch import Batch, build_batch
@@ -74,7 +75,7 @@ class AgentRun:
         self.max_prompt_tokens = max_prompt_tokens
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template
-        self.template_tools = _template_takes_tools(tokenizer)
+        self.template_tools = template_takes_tools(tokenizer)
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer: Any, guidance: bool = True) -> "AgentRun":
@@ -135,27 +136,6 @@ class AgentRun:
         closing = tok(alone[alone.rindex(content) + len(content):], add_special_tokens=False)["input_ids"]
         same = next((i for i, (a, b) in enumerate(zip(after, closing)) if a != b), min(len(after), len(closing)))
         return after[same:]  # the model's own end token stands for the template's closing
-
-
-def with_system_text(messages: list[Message], text: str) -> list[Message]:
-    """`messages` with `text` added to the system message (a new first message when there is none)."""
-    if messages and messages[0].get("role") == "system":
-        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}] + messages[1:]
-    return [{"role": "system", "content": text}] + messages
-
-
-def _template_takes_tools(tokenizer: Any) -> bool:
-    """Whether the chat template renders `tools=` (its output changes when tools are given)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return False
-    msgs = [{"role": "user", "content": "u"}]
-    probe = [{"type": "function", "function": {"name": "probe_tool_name", "description": "d",
-                                               "parameters": {"type": "object", "properties": {}}}}]
-    try:
-        with_tools = tokenizer.apply_chat_template(msgs, tools=probe, tokenize=False)
-    except Exception:
-        return False
-    return "probe_tool_name" in with_tools
 
 
 def _model_turn(run: AgentRun, tr: Trajectory, completion: Any, limit: int, budget: int, stop_ids: set[int]) -> None:

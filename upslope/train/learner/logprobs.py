@@ -207,8 +207,8 @@ def _fast_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     if packed and (routed_experts is not None or logits is not None):
         _say_once(model, "train.packing: routing replay and the router loss run padded micro-batches")
         packed = False
-    states = _packed_states(model, input_ids, attention_mask, target_mask, shared, checkpoint_layers) \
-        if packed else None
+    states = packing.packed_or_none(model, _body(model), checkpointed_layers(model, checkpoint_layers), input_ids,
+                                    attention_mask, target_mask, shared) if packed else None
     if states is not None:
         h, targets, flat_index = states
     elif shared is None:
@@ -227,27 +227,6 @@ def _fast_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 _HEAD_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-_UNPACKABLE: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-
-
-def _packed_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor,
-                   shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, checkpoint_layers: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The packed forward's states (see packing.py), or None for a model it cannot run (said once)."""
-    if model in _UNPACKABLE:
-        return None
-    seq_lens = attention_mask.sum(1) if shared is None else shared[1]
-    layout = packing.pack(input_ids, seq_lens, None if shared is None else (shared[0], shared[2]))
-    try:
-        packing.enable(model)
-        with checkpointed_layers(model, checkpoint_layers):
-            return packing.packed_states(_body(model), layout, input_ids, target_mask)
-    except packing.PackingUnsupported as err:
-        _log.warning(f"train.packing: {err}; this model runs padded micro-batches")
-        _UNPACKABLE[model] = True
-        return None
-
-
 _SAID: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 

@@ -19,6 +19,9 @@ layers do not pass it is refused in one line rather than attended across rows.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -150,6 +153,31 @@ def packed_states(body: Any, packed: Packed, input_ids: torch.Tensor, target_mas
     if bool((source < 0).any()):
         raise ValueError("a target token has no packed state before it (a target in the padding)")
     return hidden[source], input_ids[rows, cols + 1], rows * length + cols + 1
+
+
+_UNPACKABLE: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_log = logging.getLogger("upslope")
+
+
+def packed_or_none(model: Any, body: Any, layers: contextlib.AbstractContextManager[Any], input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, target_mask: torch.Tensor,
+                   shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`packed_states` of the rows (each group's prompt once with `shared` = (prompt_lens, seq_lens,
+    group_ids)) with the decoder `layers` wrapped as given (e.g. checkpointed), or None for a model the
+    packed forward cannot run (said once per model; the caller pads)."""
+    if model in _UNPACKABLE:
+        return None
+    seq_lens = attention_mask.sum(1) if shared is None else shared[1]
+    layout = pack(input_ids, seq_lens, None if shared is None else (shared[0], shared[2]))
+    try:
+        enable(model)
+        with layers:
+            return packed_states(body, layout, input_ids, target_mask)
+    except PackingUnsupported as err:
+        _log.warning(f"train.packing: {err}; this model runs padded micro-batches")
+        _UNPACKABLE[model] = True
+        return None
 
 
 # ---------------------------------------------------------------- the attention implementation
