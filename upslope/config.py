@@ -8,7 +8,6 @@ are imported, every such name is checked against its registry.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,11 +16,12 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from upslope.config_base import SEED_RANGE, Plugin, RewardSpec, Section, opt, opt_factory
+from upslope.config_checks import check_idle_options, check_moved, check_plugin_names
 from upslope.config_commands import (DistConfig, DistillConfig, DPOConfig, PipelineConfig, RandOptConfig, RFTConfig,
                                      RMConfig, SFTConfig)
+from upslope.config_files import absolute_plugin_files, apply_override, merge, read_recipe
 from upslope.config_schema import describe, option_rows
-from upslope.errors import ConfigError, UpslopeError
-from upslope.yaml_strict import load_yaml, parse_value
+from upslope.errors import ConfigError
 
 
 class ModelConfig(Section):
@@ -519,29 +519,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key in AUTO_KEYS:  # decided from the hardware after merging (explicit values win)
         section, name = key.split(".")
         defaults[section][name] = "auto"
-    raw: dict[str, Any] = _merge(defaults, _read_yaml(Path(path)) if path else {})
+    raw: dict[str, Any] = merge(defaults, read_recipe(Path(path)) if path else {})
     for item in overrides or []:
         apply_override(raw, item)
     if isinstance(raw.get("plugins"), list):  # command-line plugin files: relative to the working directory
-        raw["plugins"] = _absolute_plugin_files(raw["plugins"], Path.cwd())
+        raw["plugins"] = absolute_plugin_files(raw["plugins"], Path.cwd())
     return validate(raw, source=str(path) if path else "config")
-
-
-# options that became plugins: old spelling -> where it lives now
-MOVED = {
-    "discrepancy": "DCMDP is a loss term: algo.terms: [{name: dcmdp, options: {init: 0.0, lr: 1.0, tolerance: 0.001}}]",
-    "accept": "MIPU is an update check: algo.accept: {name: mipu, options: {gap_coef: 1.0, min_gain: 0.0}}",
-}
-
-
-def check_moved(raw: dict[str, Any], source: str) -> None:
-    """An option in its old place is one ConfigError line naming the new one."""
-    algo = raw.get("algo") if isinstance(raw.get("algo"), dict) else {}
-    if "discrepancy" in algo:
-        raise ConfigError(f"{source}: algo.discrepancy moved: {MOVED['discrepancy']}")
-    accept = algo.get("accept")
-    if isinstance(accept, dict) and "name" not in accept and {"gap_coef", "min_gain"} & set(accept):
-        raise ConfigError(f"{source}: algo.accept names a plugin now: {MOVED['accept']}")
 
 
 def validate(raw: dict[str, Any], source: str = "config") -> Config:
@@ -554,56 +537,6 @@ def validate(raw: dict[str, Any], source: str = "config") -> Config:
     check_plugin_names(cfg, source)
     check_idle_options(cfg, source)
     return cfg
-
-
-def check_idle_options(cfg: Config, source: str = "config") -> None:
-    """An option that cannot act in this configuration is a ConfigError, not a silent no-op."""
-    from upslope.registry import ADVANTAGES, ROLLOUTS
-
-    a = cfg.algo
-    if a.correction is not None and a.old_policy == "sampler":
-        raise ConfigError(f"{source}: algo.correction has no effect with algo.old_policy=sampler (the ratio is already "
-                          f"taken against the sampler's log-probs, so every weight is 1); drop one of them")
-    if a.kl_target is not None and not a.kl_coef:
-        raise ConfigError(f"{source}: algo.kl_target needs algo.kl_coef > 0 (the adaptive coefficient starts there; "
-                          f"with 0 no KL is computed at all)")
-    if a.routing_replay and not ROLLOUTS.get(cfg.rollout.kind, "rollout.kind").traits.routed_experts:
-        kinds = sorted(e.name for e in ROLLOUTS.entries() if e.traits.routed_experts)
-        raise ConfigError(f"{source}: algo.routing_replay: rollout.kind={cfg.rollout.kind} does not keep the experts "
-                          f"the engine routed each token to; use {' or '.join(kinds)}")
-    if cfg.critic != CriticConfig() and not ADVANTAGES.get(a.advantage.name).traits.critic:
-        raise ConfigError(f"{source}: critic options are set but algo.advantage '{a.advantage.name}' uses no critic "
-                          f"(gae and sr_ppo do); drop them or pick a critic estimator")
-
-
-EXTRA_NAMES = {"engine": ("auto",)}  # accepted besides the registered names
-
-
-def check_plugin_names(section: BaseModel, source: str = "config", prefix: str = "") -> None:
-    """Every option that names a plugin names a registered one (a ConfigError line listing the known names)."""
-    from upslope.registry import REGISTRIES, load_builtins
-
-    load_builtins()
-    for key, field in type(section).model_fields.items():
-        value = getattr(section, key)
-        kind = (field.json_schema_extra or {}).get("registry") if isinstance(field.json_schema_extra, dict) else None
-        if kind is None:
-            if isinstance(value, Section) and not isinstance(value, Plugin):
-                check_plugin_names(value, source, f"{prefix}{key}.")
-            continue
-        items = value if isinstance(value, list) else [value]
-        for i, item in enumerate(items):
-            if item is None:  # an optional plugin left off
-                continue
-            name = item.name if isinstance(item, Plugin) else item
-            where = f"{prefix}{key}" + (f"[{i}]" if isinstance(value, list) else "")
-            where += ".name" if isinstance(item, Plugin) else ""
-            known = REGISTRIES[str(kind)].names() + list(EXTRA_NAMES.get(str(kind), ()))
-            if name in known or (kind == "reward" and ":" in name):  # reward: also a user `module:function`
-                continue
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ConfigError(f"{source}: {where}: unknown {kind} '{name}'{hint}; known: {', '.join(sorted(known))}")
 
 
 def eval_generation_length(cfg: Config) -> int:
@@ -622,96 +555,6 @@ def task_generation_length(data: DataConfig, fallback: int = 256) -> int:
     from upslope.registry import TASKS
 
     return int(TASKS.get(data.task, "data.task").traits.max_new_tokens or fallback)
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    from upslope.fsutil import read_text_file
-
-    try:
-        text = read_text_file(path, "recipe file")
-    except UpslopeError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        data = load_yaml(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of options at the top level")
-    if isinstance(data.get("plugins"), list):  # plugin files are relative to the recipe naming them
-        data["plugins"] = _absolute_plugin_files(data["plugins"], path.parent)
-    data = _recipe_relative_py_files(data, path.parent)
-    base = data.pop("base", None)
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"{path}: 'base' must be the path of a recipe file, got {base!r}")
-    if base:
-        base_path = (path.parent / base).resolve()
-        if base_path in seen:
-            raise ConfigError(f"{path}: 'base' chain loops back to {base_path}")
-        data = _merge(_read_yaml(base_path, seen + (path.resolve(),)), data)
-    return data
-
-
-def _absolute_plugin_files(entries: list[Any], base: Path) -> list[Any]:
-    """`plugins` with each .py file made absolute against `base` (the saved config then works anywhere)."""
-    from upslope.plugins import is_file_entry
-
-    return [str((base / p).expanduser().resolve()) if isinstance(p, str) and is_file_entry(p) else p for p in entries]
-
-
-def _recipe_relative_py_files(value: Any, base: Path) -> Any:
-    """Every option value in a recipe that names a .py file beside it ('agent.py:agent', 'env.py', a reward's
-    'rewards.py:fn'), made absolute when the file exists relative to the recipe, so the recipe runs from any
-    directory; other values (and files that exist only relative to the working directory) are left as they are."""
-    if isinstance(value, dict):
-        return {k: _recipe_relative_py_files(v, base) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_recipe_relative_py_files(v, base) for v in value]
-    if not isinstance(value, str) or "://" in value:
-        return value
-    file, sep, name = value.partition(".py:") if ".py:" in value else (value[:-3], "", "") if value.endswith(".py") \
-        else ("", "", "")
-    if not file or Path(file).expanduser().is_absolute():
-        return value
-    found = (base / f"{file}.py").resolve()
-    return f"{found}{':' + name if sep else ''}" if found.is_file() else value
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """`top` over `base`, recursively; a plugin given a different name replaces the old one whole
-    (its options belonged to the old plugin)."""
-    if "name" in top and "name" in base and top["name"] != base["name"]:
-        return dict(top)
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "options" else v
-    return out
-
-
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Set the dotted key of `key=value` (the value read as YAML) in the nested mapping `raw`."""
-    if "=" not in item:
-        raise ConfigError(f"override '{item}': expected key=value, e.g. train.steps=10")
-    key, _, text = item.partition("=")
-    value = parse_value(text, f"override '{key}'")
-    parts = key.strip().split(".")
-    node = raw
-    for i, p in enumerate(parts[:-1]):
-        nxt = node.get(p)
-        shorthand = STRING_SHORTHANDS.get(".".join(parts[:i + 1]))
-        if isinstance(nxt, str) and shorthand:  # eval.data=test.jsonl, then eval.data.prompt_field=...
-            nxt = {shorthand: nxt}
-            node[p] = nxt
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[p] = nxt
-        node = nxt
-    node[parts[-1]] = value
-
-
-# sections a plain string stands for, as the option that string sets (eval.data=test.jsonl is eval.data.path)
-STRING_SHORTHANDS = {"eval.data": "path"}
 
 
 def dump(config: Config) -> str:
