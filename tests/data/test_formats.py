@@ -183,6 +183,14 @@ def test_competition_tasks_have_only_a_test_split_and_say_so():
         load_examples(DataConfig(task="arith", split="validation"))
 
 
+def test_held_out_split_replaces_a_split_given_as_the_tasks_option():
+    cfg = Config(data=DataConfig(task="gsm8k", options={"split": "train"}))
+    train = load_examples(cfg.data, "train")
+    held = eval_data_config(cfg)
+    assert held.split == "test" and held.options["split"] == "test"
+    assert overlap(train, load_examples(held, "test")) == 0
+
+
 def test_overlap_counts_the_same_problem_from_two_sources():
     trl = load_examples(DataConfig(path=str(FORMATS / "trl_conversational_train.jsonl")))
     verl = load_examples(DataConfig(path=str(FORMATS / "verl_train.parquet")))
