@@ -3,6 +3,7 @@ user sees (key named, closest key suggested, line numbers), through the API and 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -76,6 +77,21 @@ def test_base_recipe_inheritance(tmp_path):
     assert cfg.rollout.n == 6  # the command line overrides both
     # plugin options are replaced as a whole, not merged key by key
     assert cfg.algo.advantage.options == {"eps": 0.01}
+
+
+def test_a_child_recipe_with_another_data_source_drops_the_bases_task_options(tmp_path):
+    write(tmp_path / "base.yaml", """
+        data: {task: arith, options: {ops: "*", digits: 1}, system_prompt: be brief}
+    """)
+    write(tmp_path / "task.yaml", "base: base.yaml\ndata: {task: gsm8k, split: train}\n")
+    write(tmp_path / "file.yaml", "base: base.yaml\ndata: {path: train.jsonl}\n")
+    write(tmp_path / "same.yaml", "base: base.yaml\ndata: {task: arith, split: test}\n")
+    other = load_config(tmp_path / "task.yaml").data
+    assert (other.task, other.split, other.options, other.system_prompt) == ("gsm8k", "train", {}, None)
+    assert load_config(tmp_path / "file.yaml").data.options == {}
+    same = load_config(tmp_path / "same.yaml").data  # the same task: merged key by key as before
+    assert (same.split, same.options, same.system_prompt) == ("test", {"ops": "*", "digits": 1}, "be brief")
+    assert load_config(Path(__file__).resolve().parents[1] / "recipes" / "gsm8k.yaml").data.options == {}
 
 
 def test_a_recipes_py_files_are_relative_to_the_recipe(tmp_path, monkeypatch):

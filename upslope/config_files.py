@@ -68,14 +68,21 @@ def _recipe_relative_py_files(value: Any, base: Path) -> Any:
 
 
 def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """`top` over `base`, recursively; a plugin given a different name replaces the old one whole
-    (its options belonged to the old plugin)."""
-    if "name" in top and "name" in base and top["name"] != base["name"]:
+    """`top` over `base`, recursively; a plugin given a different name, or a data section given another
+    task or a file in place of a task, replaces the old one whole (its options belonged to the old one)."""
+    if _other_plugin(base, top):
         return dict(top)
     out = dict(base)
     for k, v in top.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "options" else v
     return out
+
+
+def _other_plugin(base: dict[str, Any], top: dict[str, Any]) -> bool:
+    """Does `top` name another plugin (or data source) than `base`?"""
+    if any(k in top and k in base and top[k] != base[k] for k in ("name", "task")):
+        return True
+    return "path" in top and "task" in base and "task" not in top
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
