@@ -177,17 +177,11 @@ def worker_learner(a: argparse.Namespace) -> None:
 
 
 def padded_tokens(learner: Any, batch: Any) -> int:
-    """Token slots the learner's micro-batches occupy, padding included (real tokens when packed)."""
+    """Token slots the learner's micro-batches occupy, padding included (real tokens where packed)."""
     total = 0
     for idx in learner.micro_batches(batch):
         mb = batch.select(idx)
-        if learner.train_cfg.packing:
-            total += learner.forwarded_tokens(mb)
-        elif learner.share_prompt:
-            groups = mb.group_ids.unique().numel()
-            total += groups * int(mb.prompt_lens.max()) + mb.size * int((mb.seq_lens - mb.prompt_lens).max())
-        else:
-            total += mb.size * int(mb.seq_lens.max())
+        total += learner.forwarded_tokens(mb) if learner.packs(mb) else learner.padded_slots(mb)
     return total
 
 

@@ -222,9 +222,11 @@ class TrainConfig(Section):
     lean_activations: bool = opt(True, "RMSNorm and SwiGLU MLP that keep fewer activations for backward (same "
                                        "values; Llama/Qwen/Mistral-style layers)")
     share_prompt: bool = opt(True, "forward each group's prompt once and share its KV cache across the group")
-    packing: bool = opt(False, "padding-free micro-batches: rows (each group's prompt once with share_prompt) "
-                               "packed into one sequence, attention within each row, so a micro-batch costs "
-                               "the tokens it has; the budget micro_batch_tokens then counts real tokens")
+    packing: bool | Literal["auto"] = opt(
+        "auto", "padding-free micro-batches: rows (each group's prompt once with share_prompt) packed into one "
+                "sequence, attention within each row, so a micro-batch costs the tokens it has (true: every "
+                "micro-batch, whose budget micro_batch_tokens then counts real tokens; auto: a micro-batch whose "
+                "padding would fill a quarter or more of its token slots, the model permitting; false: padded)")
     skip_zero_advantage: bool = opt(True, "RL: no forward/backward for rows whose advantage is 0 on every token "
                                           "(their loss and gradient are exactly 0; needs no KL in the loss and "
                                           "no entropy bonus)")

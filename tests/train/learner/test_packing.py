@@ -36,7 +36,7 @@ def mixed_batch(seed: int = 0) -> Batch:
     return b
 
 
-def learner(path: str, packed: bool, *extra: str) -> tuple[Updater, RLObjective]:
+def learner(path: str, packed: bool | str, *extra: str) -> tuple[Updater, RLObjective]:
     """A learner on the tiny model; AdamW's eps keeps a rounding-size gradient from becoming a full step."""
     cfg = load_config(None, [f"model.name={path}", "train.precision=float32", "optim.lr=1e-3", "optim.eps=1e-4",
                              "train.micro_batch_tokens=128", f"train.packing={str(packed).lower()}", *extra])
@@ -67,6 +67,24 @@ def test_packed_update_equals_the_padded_one(tiny_model_path, extra):
     padded_cost = sum(len(idx) * int(b.seq_lens[idx].max()) for idx in padded[0].micro_batches(b))
     packed_cost = sum(int(b.seq_lens[idx].sum()) for idx in packed[0].micro_batches(b))
     assert packed_cost < padded_cost
+
+
+def test_auto_packs_the_micro_batches_that_padding_would_fill(tiny_model_path):
+    """train.packing=auto (the default) packs a micro-batch whose padding would fill a quarter or more of its
+    slots and pads one without, and its update is the padded one's."""
+    assert load_config(None, []).train.packing == "auto"
+    auto, objective = learner(tiny_model_path, "auto", "train.share_prompt=true")
+    one_group = mixed_batch().select([0, 1, 2, 3])  # prompt 6, completions 40, 4, 5, 6: 61 tokens, 6 + 4 x 40 slots
+    assert (auto.forwarded_tokens(one_group), auto.padded_slots(one_group)) == (61, 166)
+    assert auto.packs(one_group)
+    prompt = list(range(5, 11))
+    uniform = build_batch([prompt] * 4, [list(range(20, 28))] * 4, [[-1.0] * 8] * 4, [0] * 4, [False] * 4, pad_id=0)
+    assert (auto.forwarded_tokens(uniform), auto.padded_slots(uniform)) == (38, 38)
+    assert not auto.packs(uniform)
+    padded, padded_objective = learner(tiny_model_path, False, "train.share_prompt=true")
+    b = mixed_batch()
+    assert auto.update(b, 1, objective)["loss"] == pytest.approx(padded.update(b, 1, padded_objective)["loss"],
+                                                                abs=1e-6)
 
 
 def test_the_packed_budget_counts_real_tokens():

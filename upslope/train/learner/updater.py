@@ -149,7 +149,7 @@ class Updater:
     def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
         """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
         losses that compare a group's rows, e.g. a preference pair's chosen and rejected)."""
-        budget, packed = self.train_cfg.micro_batch_tokens, self.train_cfg.packing
+        budget, packed = self.train_cfg.micro_batch_tokens, self.train_cfg.packing is True
         if self.share_prompt:
             return group_micro_batch_indices(batch.prompt_lens, batch.seq_lens, batch.group_ids, budget,
                                              split_oversized=not whole_groups, packed=packed)
@@ -181,6 +181,25 @@ class Updater:
         prompts = sum(int(batch.prompt_lens[batch.group_ids == g][0]) for g in batch.group_ids.unique())
         return completions + prompts
 
+    def padded_slots(self, batch: Batch) -> int:
+        """Token slots a padded forward of the batch occupies: [rows, longest row], or with shared prompts
+        [groups, longest prompt] plus [rows, longest completion]."""
+        if not self.share_prompt:
+            return batch.size * int(batch.seq_lens.max())
+        groups = batch.group_ids.unique().numel()
+        return groups * int(batch.prompt_lens.max()) + batch.size * int((batch.seq_lens - batch.prompt_lens).max())
+
+    def packs(self, mb: Batch, router_aux: bool = False) -> bool:
+        """Run this micro-batch packed? train.packing true: always; auto: when padding would fill at least a
+        quarter of the padded forward's slots (below that, packing saves little) and no MoE routing is
+        replayed or its loss taken (those run padded); false: never."""
+        mode = self.train_cfg.packing
+        if mode != "auto":
+            return bool(mode)
+        if router_aux or mb.routed_experts is not None:
+            return False
+        return 4 * self.forwarded_tokens(mb) <= 3 * self.padded_slots(mb)
+
     def forward(self, model: Any, mb: Batch, *, temperature: float, entropy_grad: bool = False,
                 gather_ids: torch.Tensor | None = None, top_k: int = 0, top_k_vocab: int | None = None,
                 truncation: Truncation = Truncation(), router_aux: bool = False) -> HeadOutput:
@@ -200,7 +219,7 @@ class Updater:
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
                                 checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation,
-                                routed_experts=experts, router_aux=router_aux, packed=self.train_cfg.packing)
+                                routed_experts=experts, router_aux=router_aux, packed=self.packs(mb, router_aux))
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
