@@ -51,6 +51,10 @@ HOOKS = {
     "bmc": ["upslope.train.learner.salience:prompt_features"],
     "geomin": ["upslope.train.learner.salience:rollout_features"],
     "pivottrace": ["upslope.train.learner.salience:attention_shift"],
+    "dirl": ["upslope.train.learner.salience:rollout_features"],
+    "pum": ["upslope.train.learner.salience:rollout_features"],
+    "hista": ["upslope.train.learner.salience:rollout_features"],
+    "prism": ["upslope.train.methods.pair_batch:lookahead_step_pairs"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
     "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
@@ -209,6 +213,8 @@ WHY = {
                     "limit and caps), execution-based result comparison, and the clause-level and lexical "
                     "alignment its progress reward and diagnosis read (the last three shared with the one-shot "
                     "reward `sql_execution`)",
+    "prism": "TreeRPO's tree rollout, reused (the reward model's baseline samples flat replies, so it counts "
+             "here); PRISM's own code is the step-pair builder",
     "jf_hpo": "a command, not a plugin: `upslope sweep` parses and validates the search space against the "
               "config, runs successive halving over subprocess trials resumed from their checkpoints, keeps a "
               "crash-safe state a killed sweep resumes from, and writes the results table and best.yaml",

@@ -197,6 +197,20 @@ METHODS.update({  # routing prompts by the attention pivots of their rollouts (a
                         "Smart Picks in the Dark: Towards Efficient RLVR for Reasoning via Tracing Metacognitive "
                         "Pivots (PivotTrace)"),
 })
+METHODS.update({  # hidden-state directions, prefix utility, process reward pairs, state values (Tier 2, part 3)
+    "dirl": Claim("dirl", "headroom", "eval/accuracy", "higher",
+                  "Reasoning or Memorization? Direction-Aware Diversity Exploration in LLM Reinforcement Learning "
+                  "(DiRL)"),
+    "pum": Claim("pum", "treerpo", "eval/accuracy", "higher",
+                 "From Correctness to Utility: Gain-Based Prefix Evaluation for LLM Reasoning (PUM)"),
+    "prism": Claim("prism", "rm", "eval/rm_accuracy", "higher",
+                   "The Hidden Bias of Process Reward Models: PRISM for Rewarding the Right Reasoning",
+                   also=(("eval/rm_ece", "lower"),), command="rm"),
+    "hista": Claim("hista", "headroom", "eval/accuracy", "higher",
+                   "Hista and Numca: Estimate State Value Effectively for LLM Reinforcement Learning (Hista)"),
+    "numca": Claim("numca", "think_answer", "eval/accuracy", "higher",
+                   "Hista and Numca: Estimate State Value Effectively for LLM Reinforcement Learning (Numca)"),
+})
 METHODS.update({  # environments and offline objectives
     # Progress-SQL against one-shot GRPO on the same Text-to-SQL task; both evaluate the first query
     "progress_sql": Claim("progress_sql", "sql", "eval/accuracy", "higher",

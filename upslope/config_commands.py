@@ -82,6 +82,10 @@ class RMConfig(PairFileConfig):
     calibration_coef: float = opt(0.0, "weight of a calibration term: binary cross-entropy of sigmoid(score) against "
                                        "each reply's label (chosen 1, rejected 0; on_policy: its reward in [0, 1])",
                                   ge=0)
+    pairs: Literal["best_worst", "lookahead_steps"] = opt(
+        "best_worst", "on_policy: a group's best against its worst completion, or PRISM's step pairs from tree "
+                      "rollouts (rollout.kind=tree): the best-valued step against the likeliest sibling step that "
+                      "its look-ahead leaves value lower, one pair a tree")
     pairs_per_step: int = opt(16, "pairs per optimiser step (on_policy: up to 1 + rollout.max_resample_rounds "
                                   "rollout rounds of rollout.prompts_per_step prompts)", ge=1)
     eval_pairs: int = opt(64, "held-out pairs for pairwise accuracy (dataset: the file's last N, unless "

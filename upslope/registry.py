@@ -40,7 +40,7 @@ class AdvantageTraits(Traits):
     token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
     whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
     salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
-    features: str | None = None  # takes each rollout's feature vector [N, D] from this source (hidden_mean)
+    features: str | None = None  # each rollout's features from this source: hidden_mean [N, D], hidden_states [N, L, D]
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:
@@ -291,6 +291,8 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
                    "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
                    "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts
+                   "upslope.algos.direction", "upslope.algos.prefix_utility",  # DiRL; PUM's prefix utility head
+                   "upslope.algos.state_value", "upslope.rewards.milestones",  # Hista, Numca: other rollouts' returns
                    "upslope.logs.trackers",  # experiment trackers (log.trackers)
                    "upslope.rollout.openai_agent", "upslope.rollout.unlocked",  # agent programs, turns not in lockstep
                    "upslope.agents.gym_envs", "upslope.agents.verifiers_env")  # SkyRL-gym, verifiers environments

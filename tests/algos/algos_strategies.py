@@ -84,7 +84,8 @@ def bind_loss(name: str, options: dict | None = None):
 
 def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
     """An advantage estimator called as the RL trainer calls it: one declaring a `salience` source also
-    gets a random non-negative per-token salience, one declaring a `features` source random features."""
+    gets a random non-negative per-token salience, one declaring a `features` source random features (per
+    rollout, or per position for `hidden_states`)."""
     import functools
 
     from upslope.registry import ADVANTAGES
@@ -93,5 +94,7 @@ def bind_advantage(name: str, batch: Batch, generator: torch.Generator):
     if ADVANTAGES.get(name).traits.salience:
         fn = functools.partial(fn, salience=torch.rand(batch.input_ids.shape, generator=generator))
     if ADVANTAGES.get(name).traits.features:
-        fn = functools.partial(fn, features=torch.randn(batch.size, 16, generator=generator))
+        per_position = ADVANTAGES.get(name).traits.features == "hidden_states"
+        shape = (*batch.input_ids.shape, 16) if per_position else (batch.size, 16)
+        fn = functools.partial(fn, features=torch.randn(*shape, generator=generator))
     return fn

@@ -4,6 +4,7 @@ meta["tree"] names the nodes its completion passes through (root first) and wher
 ends; a row without one is a leaf directly under its group's prompt (then `tree` is GRPO).
 No `from __future__ import annotations`: the registry validates options against real annotations.
 """
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -34,25 +35,58 @@ def node_paths(batch: Batch) -> list[list[tuple[tuple[int, str], int, int]]]:
     return out
 
 
+@dataclass(frozen=True)
+class TreeNode:
+    """A node of a tree rollout: its group and name, the first row through it, its segment's completion
+    positions [start, end), its value (the mean reward of the rows through it) and its parent (an index into
+    the nodes; -1 for a node right under the prompt)."""
+
+    group: int
+    name: str
+    row: int
+    start: int
+    end: int
+    value: float
+    parent: int
+
+
+def tree_nodes(batch: Batch, rewards: Tensor) -> list[TreeNode]:
+    """Every node of the batch's trees, in order of first appearance (a row without a tree is a leaf under its
+    prompt)."""
+    first: dict[tuple[int, str], tuple[int, int, int]] = {}
+    total: dict[tuple[int, str], float] = {}
+    count: dict[tuple[int, str], int] = {}
+    parent: dict[tuple[int, str], tuple[int, str] | None] = {}
+    for i, path in enumerate(node_paths(batch)):
+        for j, (key, s, e) in enumerate(path):
+            first.setdefault(key, (i, s, e))
+            total[key] = total.get(key, 0.0) + float(rewards[i])
+            count[key] = count.get(key, 0) + 1
+            parent[key] = path[j - 1][0] if j else None
+    index = {k: n for n, k in enumerate(first)}
+    return [TreeNode(*k, *first[k], total[k] / count[k], -1 if (p := parent[k]) is None else index[p]) for k in first]
+
+
+def sibling_sets(nodes: list[TreeNode]) -> list[list[int]]:
+    """Indices of the nodes that share a parent (the children of one node, or of one prompt)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for n, node in enumerate(nodes):
+        out.setdefault((node.group, node.parent), []).append(n)
+    return list(out.values())
+
+
 def segment_advantages(batch: Batch, rewards: Tensor, *, scale_by_std: bool, eps: float) -> Tensor:
     """TreeRPO's credit: a node's value is the mean reward of the leaves under it, and each segment gets
     its node's value normalised among its siblings (the nodes branching from the same parent), i.e. the
     value difference across the branch point, / the siblings' std; exactly 0 where siblings tie."""
     paths = node_paths(batch)
-    total: dict[tuple[int, str], float] = {}
-    count: dict[tuple[int, str], int] = {}
-    parent: dict[tuple[int, str], tuple[int, str]] = {}
-    for i, path in enumerate(paths):
-        for j, (key, _, _) in enumerate(path):
-            total[key] = total.get(key, 0.0) + float(rewards[i])
-            count[key] = count.get(key, 0) + 1
-            parent[key] = path[j - 1][0] if j else (key[0], "")
-    keys = list(total)
-    parents = {p: k for k, p in enumerate(dict.fromkeys(parent[k] for k in keys))}
-    values = torch.tensor([total[k] / count[k] for k in keys], dtype=torch.float64)
-    adv = group_normalize(values, torch.tensor([parents[parent[k]] for k in keys]), scale_by_std=scale_by_std,
-                          eps=eps)
-    node_adv = dict(zip(keys, adv.tolist()))
+    nodes = tree_nodes(batch, rewards)
+    siblings = torch.empty(len(nodes), dtype=torch.long)
+    for k, kids in enumerate(sibling_sets(nodes)):
+        siblings[kids] = k
+    values = torch.tensor([n.value for n in nodes], dtype=torch.float64)
+    adv = group_normalize(values, siblings, scale_by_std=scale_by_std, eps=eps)
+    node_adv = {(n.group, n.name): a for n, a in zip(nodes, adv.tolist())}
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
     for i, path in enumerate(paths):
         p = int(batch.prompt_lens[i])

@@ -39,6 +39,7 @@ SEED_METHOD_RECIPES |= {"treerpo", "catpo", "td_grokking"}  # tree rollouts and 
 SEED_METHOD_RECIPES |= {"c3rl", "disco", "more", "sear", "confidence_multi", "think_answer", "opera", "gsm8k",
                         "exprl", "turing", "geoalign", "bmc", "geomin",
                         "pivottrace"}  # rewards and sampling, part 3
+SEED_METHOD_RECIPES |= {"dirl", "pum", "hista", "numca"}  # hidden-state directions, prefix utility, state values
 SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1", "self_report", "self_ctrl"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU

@@ -1,7 +1,7 @@
 """Per-token salience from the policy's internals, for the salience-weighted advantages (FlowTracer,
 ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage; and
-per-rollout feature vectors (`rollout_features`: the mean last-layer hidden state) for the advantages that
-read the geometry of the rollouts (GEOALIGN in upslope.algos.geometry).
+per-rollout features (`rollout_features`: the mean last-layer hidden state, or the state at every position) for
+the advantages that read the geometry of the rollouts (GEOALIGN in upslope.algos.geometry; Hista, PUM).
 
 Each returns [N, L] >= 0, aligned to tokens (the value at t is about choosing token t) and 0 off
 the trained tokens. The answer region is each row's last `answer_tokens` trained tokens.
@@ -119,11 +119,22 @@ def hidden_mean(model: Any, mb: Batch) -> torch.Tensor:
     return (h * w).sum(1) / w.sum(1).clamp(min=1.0)
 
 
-FEATURES: dict[str, Callable[[Any, Batch], torch.Tensor]] = {"hidden_mean": hidden_mean}
+@torch.no_grad()
+def hidden_states(model: Any, mb: Batch) -> torch.Tensor:
+    """[n, L, D]: the last-layer hidden state at every position (the state after reading the tokens up to and
+    including it), 0 on padding: one forward of the decoder body, no vocabulary head. The prefix through
+    token t is summarised at t; token t is chosen by the state at t - 1."""
+    h = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    return h.last_hidden_state.float() * mb.attention_mask.unsqueeze(-1).float()
+
+
+FEATURES: dict[str, Callable[[Any, Batch], torch.Tensor]] = {"hidden_mean": hidden_mean,
+                                                               "hidden_states": hidden_states}
 
 
 def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
-    """[N, D] feature vector of each rollout from `source`, in the updater's micro-batches, on the CPU."""
+    """[N, D] (or, for a per-position source, [N, L, D]) features of each rollout from `source`, in the
+    updater's micro-batches, on the CPU."""
     fn, rows = FEATURES[source], []
     updater.model.eval()
     try:
@@ -133,10 +144,11 @@ def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
                 rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
     finally:
         updater.model.train()
-    width = rows[0][1].shape[1] if rows else 0
-    out = torch.zeros(batch.size, width)  # cpu: the features are gathered on the host, as documented
+    first = rows[0][1] if rows else torch.zeros(0, 0)
+    width = batch.input_ids.shape[1:2] if first.dim() == 3 else ()  # [n, L', D]: micro-batches are trimmed
+    out = torch.zeros(batch.size, *width, first.shape[-1])  # cpu: the features are gathered on the host
     for idx, feats in rows:
-        out[idx] = feats
+        out[idx, :feats.shape[1]] = feats
     return out
 
 

@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from upslope.algos.preference import PairLogps, PairRewards
+from upslope.algos.tree import sibling_sets, tree_nodes
 from upslope.batch import Batch, build_batch
 from upslope.errors import UpslopeError
 
@@ -37,6 +38,48 @@ def best_worst_pairs(batch: Batch) -> Batch:
         if bool(r.max() > r.min()):
             rows += [int(idx[torch.argmax(r)]), int(idx[torch.argmin(r)])]
     return batch.select(rows)
+
+
+def lookahead_step_pairs(batch: Batch) -> Batch:
+    """PRISM's contrastive step pairs from tree rollouts (rollout `tree`), one pair per tree. A step is a node
+    of the tree (its prefix: the prompt and the completion through the node's last token); its look-ahead
+    value is the mean reward of the leaves under it. Among the siblings (steps from one parent) whose values
+    differ, the chosen step is the best-valued sibling and the negative the likeliest sibling valued below it
+    (highest mean sampler log-prob over its own tokens: a plausible step that the look-ahead shows fails); the
+    tree's pair is the one with the likeliest negative. Rows carry the look-ahead values as rewards (chosen
+    higher). Trees without a sibling difference give none."""
+    assert batch.rewards is not None
+    nodes = tree_nodes(batch, batch.rewards)
+
+    def likelihood(n: int) -> float:
+        row, p = nodes[n].row, int(batch.prompt_lens[nodes[n].row])
+        span = batch.sampler_logprobs[row, p + nodes[n].start:p + nodes[n].end]
+        return float(span.mean()) if span.numel() else float("-inf")
+
+    best: dict[int, tuple[float, int, int]] = {}  # per tree: the likeliest negative's log-prob, chosen, negative
+    for kids in sibling_sets(nodes):
+        top = max(kids, key=lambda n: nodes[n].value)
+        below = [n for n in kids if nodes[n].value < nodes[top].value]
+        if below:
+            neg = max(below, key=likelihood)
+            g = nodes[top].group
+            if g not in best or likelihood(neg) > best[g][0]:
+                best[g] = (likelihood(neg), top, neg)
+    rows, ends, values = [], [], []
+    for _, top, neg in (best[g] for g in sorted(best)):
+        for node in (nodes[top], nodes[neg]):
+            rows.append(node.row)
+            ends.append(int(batch.prompt_lens[node.row]) + node.end)
+            values.append(node.value)
+    out = batch.select(rows)
+    if not rows:
+        return out
+    ends_t = torch.tensor(ends)
+    within = torch.arange(out.input_ids.shape[1])[None, :] < ends_t[:, None]  # each step's prefix, the rest cut
+    out = replace(out, attention_mask=out.attention_mask & within, loss_mask=out.loss_mask * within,
+                  seq_lens=ends_t, truncated=torch.zeros(len(rows), dtype=torch.bool), rewards=torch.tensor(values),
+                  reward_components={})
+    return out.select(list(range(len(rows))))
 
 
 def pair_rows(group_ids: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,11 +4,13 @@ The reward model is a scalar head on a causal LM (`upslope.scalar_head`) trained
 its own `Updater` with the Bradley-Terry objective. Pairs come from a file (rm.source=dataset,
 the formats of `upslope dpo`) or from the policy's own samples (rm.source=on_policy):
 rollout.n completions per prompt through the engine, scored by the configured (verifiable)
-reward(s); a group whose rewards differ gives one pair, a best against a worst completion.
+reward(s); a group whose rewards differ gives one pair, a best against a worst completion, or with
+rm.pairs=lookahead_steps a tree rollout gives PRISM's contrastive step pair (`lookahead_step_pairs`).
 The engine keeps the initial policy: it is never sent the reward model's weights.
 
 Evaluation is pairwise accuracy on held-out pairs (the file's last rm.eval_pairs, or
-rm.eval_path; on-policy: pairs built once from the evaluation prompts). Checkpoints are
+rm.eval_path; on-policy: best-against-worst pairs of complete replies, whatever rm.pairs, built once
+from the evaluation prompts). Checkpoints are
 Hugging Face sequence-classification models (`AutoModelForSequenceClassification`), usable
 as the `reward_model` reward's path.
 """
@@ -31,8 +33,11 @@ from upslope.train.collect import Rounds
 from upslope.train.learner.updater import Updater
 from upslope.seeding import seed_step
 from upslope.train.loop import BaseTrainer
-from upslope.train.methods.pair_batch import best_worst_pairs, pair_batch, pair_rows
+from upslope.train.methods.pair_batch import best_worst_pairs, lookahead_step_pairs, pair_batch, pair_rows
 from upslope.train.sources import LocalCollector
+
+
+PAIRS = {"best_worst": best_worst_pairs, "lookahead_steps": lookahead_step_pairs}  # rm.pairs
 
 
 class RMTrainer(BaseTrainer):
@@ -56,6 +61,9 @@ class RMTrainer(BaseTrainer):
         if r.source == "on_policy" and cfg.rollout.n < 2:
             raise ConfigError(f"rollout.n={cfg.rollout.n}: on-policy pairs compare completions of the same prompt, "
                               f"so rollout.n >= 2")
+        if r.pairs == "lookahead_steps" and cfg.rollout.kind != "tree":
+            raise ConfigError(f"rm.pairs=lookahead_steps: step pairs come from a tree rollout's sibling steps; set "
+                              f"rollout.kind=tree (got {cfg.rollout.kind!r})")
         if cfg.lora.enabled:
             raise ConfigError("lora.enabled: upslope rm trains every weight of the reward model (LoRA is not "
                               "supported for it); set lora.enabled=false")
@@ -94,7 +102,7 @@ class RMTrainer(BaseTrainer):
         else:
             self.setup_task()
             self.rounds = self.pair_rounds(r.pairs_per_step, cfg.rollout.max_resample_rounds)
-            self.keep = best_worst_pairs
+            self.keep = PAIRS[r.pairs]
 
     def pair_rounds(self, want: int, max_rounds: int) -> Rounds:
         """Rollout + reward rounds of rollout.prompts_per_step prompts until `want` groups had differing rewards."""
