@@ -4,7 +4,8 @@ subprocess, alternating A B A B.
 Same for both: the model directory (upslope's embedded SmolLM2-135M-Instruct), the prompts
 (seeded one-digit multiplication, the same prompts in the same order, rendered with the
 tokenizer's chat template; TRL gets them in its conversational format), the reward (strict
-first integer), 8 prompts x 4 completions per step, 32 new tokens, temperature 1.0,
+first integer; with `--task gsm8k` the GSM8K train split and the math reward, for long replies),
+8 prompts x 4 completions per step, 32 new tokens, temperature 1.0,
 lr 1e-5 (constant), beta 0 (no reference model), one optimiser step per rollout batch.
 
 Pairings:
@@ -21,6 +22,7 @@ Pairings:
 
 Usage:
   nice -n 19 python benchmarks/grpo_vs_trl.py --steps 6 --repeats 2
+  python benchmarks/grpo_vs_trl.py --task gsm8k --max-new-tokens 256 --steps 4 --repeats 1   # long replies
   python benchmarks/grpo_vs_trl.py --worker trl --precision fp32 --steps 2   # one worker, JSON lines
 """
 from __future__ import annotations
@@ -61,6 +63,8 @@ def upslope_overrides(a: argparse.Namespace, run_dir: str) -> list[str]:
         "log.plot=false",
         "log.tensorboard=false",
     ]
+    if a.task == "gsm8k":
+        out += ["data.task=gsm8k", "data.split=train"]
     if a.precision == "fp32":
         out += ["train.precision=float32", "train.grad_checkpointing=false"]
     if a.engine in ("hf", "vllm"):
@@ -174,7 +178,7 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
     from upslope.data import task_default_reward
     from upslope.data.prompts import encode_prompts
     from upslope.models import load_tokenizer, resolve_model
-    from upslope.rewards.builtin import integer_reward
+    from upslope.registry import REWARDS
 
     if a.engine == "vllm" and not a.trl_vllm_compile:
         _patch_trl_vllm_eager()
@@ -182,7 +186,8 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
         _patch_trl_vllm_sync()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="bench-trl-")
     cfg = load_config(None, upslope_overrides(a, run_dir))
-    reward_options = task_default_reward(cfg.data)[1]  # the same strict reward upslope's side trains on
+    reward_name, reward_options = task_default_reward(cfg.data)  # the same reward upslope's side trains on
+    reward = REWARDS.bind(reward_name, reward_options)
     model_path = resolve_model(cfg.model.name, cfg.model.gguf_file, cfg.model.cache_dir, announce=lambda m: None)
     examples = prompts_in_upslope_order(cfg, a.prompts_per_step * a.steps)
     rows = [{"prompt": ex.messages(cfg.data.system_prompt), "answer": ex.answer} for ex in examples]
@@ -190,10 +195,10 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
 
     step_state: dict[str, Any] = {"rollout_s": 0.0, "tokens": 0, "rewards": []}
 
-    def strict_first_integer(prompts: list, completions: list, completion_ids: list, answer: list,
+    def task_reward(prompts: list, completions: list, completion_ids: list, answer: list,
                              **kwargs: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        out = [integer_reward(t, ans, {}, **reward_options) for t, ans in zip(texts, answer)]
+        out = [float(reward(t, ans, {})) for t, ans in zip(texts, answer)]
         step_state["tokens"] += sum(len(ids) for ids in completion_ids)
         step_state["rewards"].extend(out)
         return out
@@ -238,7 +243,7 @@ def trl_worker(a: argparse.Namespace, emit: Any) -> None:
                   "reward_mean": sum(r) / len(r) if r else None, "samples": samples})
             Bench.prev = now
 
-    trainer = GRPOTrainer(model=model_path, reward_funcs=strict_first_integer, args=args, train_dataset=dataset,
+    trainer = GRPOTrainer(model=model_path, reward_funcs=task_reward, args=args, train_dataset=dataset,
                           callbacks=[Bench()])
     real_generate = trainer._generate
 
@@ -319,7 +324,7 @@ def worker_cmd(a: argparse.Namespace, variant: str, run_dir: str) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", framework, "--precision", precision,
            "--engine", engine, *extra, "--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step),
            "--n", str(a.n), "--max-new-tokens", str(a.max_new_tokens), "--temperature", str(a.temperature),
-           "--lr", str(a.lr), "--seed", str(a.seed), "--run-dir", run_dir]
+           "--lr", str(a.lr), "--seed", str(a.seed), "--task", a.task, "--run-dir", run_dir]
     if framework == "upslope":
         for o in a.override or []:
             cmd += ["--override", o]
@@ -409,7 +414,7 @@ def print_tables(summary: dict[str, dict[str, Any]], pairs: list[dict[str, Any]]
     from rich.table import Table
 
     console = benchlib.console()
-    tab = Table(title=f"GRPO step: {a.prompts_per_step} prompts x {a.n} completions x {a.max_new_tokens} new tokens, "
+    tab = Table(title=f"GRPO step ({a.task}): {a.prompts_per_step} prompts x {a.n} completions x {a.max_new_tokens} new tokens, "
                       f"{a.steps} steps/run (first {a.warmup} excluded), {a.repeats} run(s) each")
     for col in ("variant", "learner", "engine", "s/step median", "min", "max", "peak RSS GiB", "gen tok/s",
                 "reward mean", "reward per step (run 1)", "rows skipped", "init s", "ok"):
@@ -506,6 +511,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--n", type=int, default=4, help="completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--task", choices=["arith", "gsm8k"], default="arith",
+                   help="prompts and reward: arith (one-digit products, strict first integer: short replies) or "
+                        "gsm8k (the shared GSM8K train split, math reward: worked solutions up to --max-new-tokens)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)

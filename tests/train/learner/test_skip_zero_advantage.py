@@ -28,11 +28,13 @@ def make_batch(advantages_per_group: list[float], n: int = 3, seed: int = 0) -> 
 def learner_pair(tiny_model_path: str, *extra: str) -> tuple[Learner, Learner]:
     """Two learners with the same weights, skipping on and off. AdamW's eps is large enough that
     a gradient of rounding-noise size (1e-9, where the two forwards may differ in the last bits)
-    cannot be blown up to a full lr-sized step."""
+    cannot be blown up to a full lr-sized step. Both pad their micro-batches, so that they differ only in
+    the rows they skip (packing's own equality: test_packing.py)."""
     out = []
     for skip in (True, False):
         cfg = load_config(None, [f"model.name={tiny_model_path}", "train.precision=float32", "optim.lr=1e-2",
-                                 "optim.eps=1e-4", "train.micro_batch_tokens=40", f"train.skip_zero_advantage={skip}", *extra])
+                                 "optim.eps=1e-4", "train.micro_batch_tokens=40", "train.packing=false",
+                                 f"train.skip_zero_advantage={skip}", *extra])
         torch.manual_seed(0)
         out.append(rl_learner(cfg, tiny_model_path))
     return out[0], out[1]
