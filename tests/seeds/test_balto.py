@@ -25,6 +25,7 @@ def test_claims_are_verified_and_placed_where_they_end():
     assert claims("#### 46", 46, {}) == 0.0  # nothing checkable
     assert evaluate("7 - 2 * 3") == 1.0 and evaluate("4 / 0") is None and evaluate("__import__('os')") is None
     assert verdict("2 + 2 = 4 and 3 + 3 = 7", "arithmetic", "") is False  # every equation of a claim must hold
+    assert verdict("1.5 + 2 = 7", "arithmetic", "") is None  # a decimal is not an integer equation's operand
 
 
 def test_claims_grounded_in_a_context_field():
@@ -51,6 +52,8 @@ def labelled_group():
 def test_span_labels_by_hand():
     b = labelled_group()
     assert span_labels(b.token_rewards, b.loss_mask).tolist() == [[0, 1, 1, -1, -1, 0], [0, 1, 1, 1, 0, 0]]
+    b.token_rewards[1, 5] = 3e-8  # the float32 rounding of a reward's sum, left on the last token: no label
+    assert span_labels(b.token_rewards, b.loss_mask).tolist()[1] == [0, 1, 1, 1, 0, 0]
 
 
 def test_balanced_label_term_by_hand():

@@ -131,12 +131,13 @@ def graphae(batch: Batch, *, lam: Fraction = 0.5) -> Tensor:
     return broadcast_to_tokens(((1 - lam) * a + lam * neighbours).float(), batch.loss_mask)
 
 
-def span_labels(token_rewards: Tensor, mask: Tensor) -> Tensor:
-    """[N, L] label in {-1, 0, +1} of each trained token: a nonzero token reward closes a span of trained
-    tokens (from the one after the previous closing token) whose label is that reward's sign; trained tokens
-    after a row's last closing token, and every untrained one, get 0."""
+def span_labels(token_rewards: Tensor, mask: Tensor, tol: float = 1e-6) -> Tensor:
+    """[N, L] label in {-1, 0, +1} of each trained token: a token reward larger than `tol` in magnitude closes a
+    span of trained tokens (from the one after the previous closing token) whose label is that reward's sign;
+    trained tokens after a row's last closing token, and every untrained one, get 0. (The reward stage puts
+    the float32 rounding of a reward's sum, ~1e-8, on the last token: not a label.)"""
     on = mask > 0
-    closes = (token_rewards != 0) & on
+    closes = (token_rewards.abs() > tol) & on
     # the span a token is in: how many closing tokens come strictly before it
     span = closes.long().cumsum(dim=1) - closes.long()
     sign = torch.sign(token_rewards.to(torch.float64)) * closes

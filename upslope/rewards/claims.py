@@ -14,7 +14,7 @@ from upslope.registry import REWARDS
 from upslope.rewards.extract import integers
 from upslope.rewards.placement import PlacedReward
 
-_EQUATION = re.compile(r"(-?\d+(?:\s*[-+*/x\u00d7\u00f7]\s*-?\d+)+)\s*=\s*(-?\d+)(?![\d.]\d)")
+_EQUATION = re.compile(r"(?<![\d.])(-?\d+(?:\s*[-+*/x\u00d7\u00f7]\s*-?\d+)+)\s*=\s*(-?\d+)(?![\d.]\d)")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
