@@ -50,6 +50,7 @@ HOOKS = {
     "geoalign": ["upslope.train.learner.salience:rollout_features"],
     "bmc": ["upslope.train.learner.salience:prompt_features"],
     "geomin": ["upslope.train.learner.salience:rollout_features"],
+    "saerl": ["upslope.train.learner.salience:prompt_features"],
     "pivottrace": ["upslope.train.learner.salience:attention_shift"],
     "dirl": ["upslope.train.learner.salience:rollout_features"],
     "pum": ["upslope.train.learner.salience:rollout_features"],
@@ -218,6 +219,13 @@ WHY = {
     "jf_hpo": "a command, not a plugin: `upslope sweep` parses and validates the search space against the "
               "config, runs successive halving over subprocess trials resumed from their checkpoints, keeps a "
               "crash-safe state a killed sweep resumes from, and writes the results table and best.yaml",
+    "saerl": "a sparse autoencoder fitted at set-up (no pretrained one here) and the three data operations it "
+             "drives: clusters mixed within a batch, the easy-to-hard curriculum and the quality filter; the "
+             "prompt features are BMC's hook",
+    "e3rl": "its own rollout is the shared branch rollout and the erasure rule (54 lines); the rest is TreeRPO's "
+            "segment credit (advantage `tree`), reused for the per-segment advantages",
+    "resum": "its own rollout is the shared branch rollout and the mask-or-inject rule (58 lines); the rest is "
+             "TreeRPO's segment credit (advantage `tree`), reused for the pair's comparison",
 }
 
 

@@ -240,3 +240,18 @@ METHODS.update({  # environments and offline objectives
                  "Be Your Own Teacher: Steering Protein Language Models via Unsupervised Reward Optimization (BRO)",
                  command="dpo"),
 })
+METHODS.update({  # credit from verified claims (a reward placed on tokens, read as token labels)
+    "balto": Claim("balto", "think_answer", "eval/accuracy", "higher",
+                   "BALTO: Balanced Token-Level Policy Optimization for Hallucination Mitigation"),
+})
+METHODS.update({  # a sampler over a sparse autoencoder of the prompts' hidden states (a sampler with a `features` source)
+    "saerl": Claim("saerl", "headroom", "eval/accuracy", "higher",
+                   "Guiding LLM Post-training Data Engineering with Model Internals from Sparse Autoencoders (SAERL)"),
+})
+METHODS.update({  # siblings from an edited prefix: a high cross-entropy segment erased, a summary masked or injected
+    "e3rl": Claim("e3rl", "think_answer", "eval/accuracy", "higher",
+                  "Shattering the Autoregressive Curse: Dynamic Epistemic Entropy Orchestrated Erasable "
+                  "Reinforcement Learning for LLMs (E3RL)"),
+    "resum": Claim("resum", "think_answer", "eval/accuracy", "higher",
+                   "ReSum: Synergizing LLM Reasoning and Summarization with Reinforcement Learning"),
+})

@@ -287,9 +287,11 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.algos.credit", "upslope.algos.confidence", "upslope.algos.credit_losses",  # token credit
                    "upslope.algos.credit_critic", "upslope.algos.credit_salience",
                    "upslope.algos.tree", "upslope.rollout.tree", "upslope.data.decompose",  # trees, decomposition
+                   "upslope.rollout.branching",  # siblings from an edited prefix (E3RL's erasure, ReSum's summaries)
                    "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
                    "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
+                   "upslope.data.saerl",  # a sampler over a sparse autoencoder of the prompts' hidden states
                    "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts
                    "upslope.algos.direction", "upslope.algos.prefix_utility",  # DiRL; PUM's prefix utility head
                    "upslope.algos.state_value", "upslope.rewards.milestones",  # Hista, Numca: other rollouts' returns

@@ -1,10 +1,12 @@
 """Token-credit advantages: a GRPO advantage redistributed over a rollout's tokens
-(AH-GRPO, SA-AH-GRPO, RREDCoT) or over a group's similar rollouts (GraphAE).
+(AH-GRPO, SA-AH-GRPO, RREDCoT) or over a group's similar rollouts (GraphAE); BALTO's balanced token
+labels from verified claims added to it.
 
 The per-token signal is the sampler's surprisal -log p(sampled token) (`batch.sampler_logprobs`):
 it is in every batch, costs nothing, and is an unbiased one-sample estimate of the policy's entropy
 at that position (E[-log p] = H). The exact entropy exists only inside the learner's forward, after
-the advantage is fixed. A group whose rewards tie keeps advantage exactly 0 in every estimator here.
+the advantage is fixed. A group whose rewards tie keeps advantage exactly 0 in every estimator here but
+BALTO's, whose label term is its own signal.
 """
 import torch
 from torch import Tensor
@@ -127,3 +129,57 @@ def graphae(batch: Batch, *, lam: Fraction = 0.5) -> Tensor:
     deg = w.sum(dim=1)
     neighbours = torch.where(deg > 0, (w @ a) / deg.clamp(min=1e-300), a)
     return broadcast_to_tokens(((1 - lam) * a + lam * neighbours).float(), batch.loss_mask)
+
+
+def span_labels(token_rewards: Tensor, mask: Tensor, tol: float = 1e-6) -> Tensor:
+    """[N, L] label in {-1, 0, +1} of each trained token: a token reward larger than `tol` in magnitude closes a
+    span of trained tokens (from the one after the previous closing token) whose label is that reward's sign;
+    trained tokens after a row's last closing token, and every untrained one, get 0. (The reward stage puts
+    the float32 rounding of a reward's sum, ~1e-8, on the last token: not a label.)"""
+    on = mask > 0
+    closes = (token_rewards.abs() > tol) & on
+    # the span a token is in: how many closing tokens come strictly before it
+    span = closes.long().cumsum(dim=1) - closes.long()
+    sign = torch.sign(token_rewards.to(torch.float64)) * closes
+    n_spans = int(span.max().item()) + 1 if span.numel() else 0
+    per_span = torch.zeros(mask.shape[0], max(n_spans, 1), dtype=torch.float64).scatter_add_(1, span, sign)
+    closed = span < closes.long().sum(dim=1, keepdim=True)
+    return torch.gather(per_span, 1, span) * (on & closed)
+
+
+@ADVANTAGES.register("balto", grouped=True, token_rewards=True)
+def balto(batch: Batch, *, outcome: str | None = None, outcome_coef: NonNegative = 1.0,
+          label_coef: NonNegative = 1.0) -> Tensor:
+    """BALTO (Li et al. 2026): a group-normalised outcome advantage plus balanced token labels from verified claims.
+
+    outcome: the reward component whose GRPO advantage is the outcome term (default: the combined reward)
+    outcome_coef: weight of the outcome term (0: token labels only)
+    label_coef: weight of the balanced label term (0: GRPO)
+
+    The labels come from a reward placed on tokens (the `claims` reward): each span of trained tokens
+    ending where a placed part sits is labelled by the part's sign (+1 supported, -1 unsupported). Balanced
+    credit, our choice where the abstract leaves it open: within each group the supported tokens share
+    +T/2 and the unsupported tokens -T/2 (T: the group's labelled tokens, each class weighted T / (2 x its
+    count)), so the label term sums to 0 over the group: it moves probability from unsupported to faithful
+    tokens without pushing whole replies up or down, and a long reply weighs no more than its labels' share.
+    A group with one class of labels only gets no label term. Other weighted rewards placed on the last
+    token change the last span's sign, so the recipe gives them weight 0 and names them in `outcome`.
+    """
+    comps = batch.reward_components or {}
+    if outcome is not None and outcome not in comps:
+        raise ConfigError(f"advantage 'balto': no reward component {outcome!r} (components: {sorted(comps)})")
+    r = comps[outcome] if outcome is not None else batch.rewards
+    if r is None:
+        raise ConfigError("advantage 'balto' needs batch.rewards (score the batch first)")
+    adv = outcome_coef * broadcast_to_tokens(group_normalize(r.to(torch.float64), batch.group_ids), batch.loss_mask)
+    if batch.token_rewards is None or label_coef == 0:
+        return (adv * (batch.loss_mask > 0)).float()
+    labels = span_labels(batch.token_rewards, batch.loss_mask)
+    term = torch.zeros_like(labels)
+    for g in batch.group_ids.unique().tolist():
+        rows = batch.group_ids == g
+        pos, neg = float((labels[rows] > 0).sum()), float((labels[rows] < 0).sum())
+        if pos and neg:
+            lab = labels[rows]
+            term[rows] = torch.where(lab > 0, (pos + neg) / (2 * pos), (pos + neg) / (2 * neg)) * lab
+    return ((adv.to(torch.float64) + label_coef * term) * (batch.loss_mask > 0)).float()

@@ -26,7 +26,8 @@ for _mod in ("upslope.rewards.length", "upslope.rewards.code", "upslope.rewards.
              "upslope.rewards.arena", "upslope.rewards.diversity", "upslope.rewards.segments",
              "upslope.rewards.reference_judge", "upslope.rewards.perplexity", "upslope.rewards.self_reward",
              "upslope.rewards.sql", "upslope.rewards.optimization", "upslope.rewards.introspection",
-             "upslope.rewards.reasoning_gym"):
+             "upslope.rewards.reasoning_gym",
+             "upslope.rewards.claims"):  # BALTO's verified claims
     try:
         __import__(_mod)
     except ModuleNotFoundError as _exc:  # optional plugins not present in a partial checkout

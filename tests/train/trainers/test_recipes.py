@@ -40,6 +40,7 @@ SEED_METHOD_RECIPES |= {"c3rl", "disco", "more", "sear", "confidence_multi", "th
                         "exprl", "turing", "geoalign", "bmc", "geomin",
                         "pivottrace"}  # rewards and sampling, part 3
 SEED_METHOD_RECIPES |= {"dirl", "pum", "hista", "numca"}  # hidden-state directions, prefix utility, state values
+SEED_METHOD_RECIPES |= {"balto", "saerl", "e3rl", "resum"}  # credit and sampling, part 3 (continued)
 SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1", "self_report", "self_ctrl"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
@@ -49,7 +50,7 @@ RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RE
 READ_SIGNAL = ["algo.advantage.options.correct=long_text", "algo.advantage.options.self_reward=long_text"]
 COMPONENT_READERS = {"geomin": [*READ_SIGNAL, "algo.advantage.options.labelled_share=0.5",
                                 "algo.advantage.options.fallback_weight=1.0"],
-                     "pivottrace": READ_SIGNAL}
+                     "pivottrace": READ_SIGNAL, "balto": ["algo.advantage.options.outcome=long_text"]}
 # recipes of an optional extra: they run where its package is installed
 NEEDS = {"openai_agent_python": "openai", "reasoning_gym": "reasoning_gym", "skyrl_gym_arith": "skyrl_gym",
          "verifiers_products": "verifiers"}
