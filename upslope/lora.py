@@ -83,7 +83,8 @@ def wrap(model: Any, cfg: LoraConfig) -> Any:
 class AdapterOff:
     """The adapted policy seen with its adapter switched off, i.e. the base model: the frozen
     reference for KL or DPO, sharing the policy's weights instead of a second copy. It offers
-    what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`, `config`."""
+    what the log-prob forwards use: calling it, `get_decoder()`, `get_output_embeddings()`, `config`,
+    `set_attn_implementation()`."""
 
     def __init__(self, model: Any):
         from upslope.distributed.shard import ENTRY
@@ -106,6 +107,10 @@ class AdapterOff:
 
     def get_output_embeddings(self) -> Any:
         return self.model.get_output_embeddings()
+
+    def set_attn_implementation(self, name: str) -> None:
+        """The attention implementation of the shared layers (the packed forward registers its own)."""
+        self.model.set_attn_implementation(name)
 
     @property
     def config(self) -> Any:

@@ -131,14 +131,14 @@ def test_token_rewards_add_up_to_the_reward_on_trained_tokens(tokenizer, texts, 
 
 def test_token_rewards_trait_is_declared_at_registration():
     takes = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).traits.token_rewards}
-    assert takes == {"gae", "reinforce_pp"}  # sr_ppo's critic reads the outcome in pass@k space only
+    assert takes == {"balto", "gae", "reinforce_pp"}  # sr_ppo's critic reads the outcome in pass@k space only
     assert REWARD_COMBINERS.get("weighted_sum").traits.linear
     assert not REWARD_COMBINERS.get("group_normalized_sum").traits.linear
 
 
 @pytest.mark.parametrize("override, message", [
     ("algo.advantage.name=grpo", "advantage 'grpo' reads only sequence rewards; use an advantage that takes "
-                                 "token rewards (gae, reinforce_pp)"),
+                                 "token rewards (balto, gae, reinforce_pp)"),
     ("algo.advantage.name=sr_ppo", "advantage 'sr_ppo' reads only sequence rewards"),
     ("algo.reward_combiner.name=group_normalized_sum", "algo.reward_combiner 'group_normalized_sum' is not one"),
 ])

@@ -144,7 +144,7 @@ def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
                 rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
     finally:
         updater.model.train()
-    first = rows[0][1] if rows else torch.zeros(0, 0)
+    first = rows[0][1] if rows else torch.zeros(0, 0, device="cpu")  # cpu: gathered on the host
     width = batch.input_ids.shape[1:2] if first.dim() == 3 else ()  # [n, L', D]: micro-batches are trimmed
     out = torch.zeros(batch.size, *width, first.shape[-1])  # cpu: the features are gathered on the host
     for idx, feats in rows:
