@@ -73,6 +73,26 @@ def test_graphae_mixes_each_advantage_with_its_similar_neighbours():
     assert torch.equal(graphae(b, lam=0.0), grpo(b))
 
 
+def test_graphae_edges_from_reward_model_states():
+    """States (1, 0), (1, 1), (-1, 0): cosine(0, 1) = 1/sqrt(2), cosine(0, 2) = -1 -> no edge, cosine(1, 2) =
+    -1/sqrt(2) -> no edge; so rows 0 and 1 mix with each other at weight 1 and row 2 keeps its advantage,
+    although its tokens equal row 0's (the Jaccard edge the states replace)."""
+    b = batch_of([1.0, 0.0, 0.0], [[-1.0, -1.0]] * 3, tokens=[[5, 6], [8, 9], [5, 6]])
+    for m, h in zip(b.meta, ([1.0, 0.0], [1.0, 1.0], [-1.0, 0.0])):
+        m["reward_model_state"] = torch.tensor(h)
+    std = math.sqrt(1 / 3)
+    a = [(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)]
+    got = graphae(b, lam=0.5)[:, 1].tolist()
+    assert got == pytest.approx([0.5 * a[0] + 0.5 * a[1], 0.5 * a[1] + 0.5 * a[0], a[2]], rel=1e-5)
+    assert graphae(b, lam=0.5, edges="reward_model").tolist() == graphae(b, lam=0.5).tolist()
+    jac = graphae(b, lam=0.5, edges="jaccard")[:, 1].tolist()  # rows 0 and 2 share their tokens
+    assert jac == pytest.approx([0.5 * a[0] + 0.5 * a[2], a[1], 0.5 * a[2] + 0.5 * a[0]], rel=1e-5)
+    del b.meta[2]["reward_model_state"]  # auto falls back to Jaccard; reward_model asks for the states
+    assert graphae(b, lam=0.5).tolist() == graphae(b, lam=0.5, edges="jaccard").tolist()
+    with pytest.raises(ConfigError, match="keep_states: true"):
+        graphae(b, edges="reward_model")
+
+
 def test_consteer_shapes_the_reward_by_signed_confidence():
     c = [0.8, 0.6, 0.5]
     b = batch_of([1.0, 1.0, 0.0], [[math.log(x)] for x in c])
