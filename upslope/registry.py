@@ -86,6 +86,7 @@ class SamplerTraits(Traits):
     examples: bool = False  # takes the training examples
     extend: Callable[..., Any] | None = None  # (examples, data, **options) -> prompts it adds to the task's
     features: str | None = None  # given each training prompt's feature vector [P, D] from this source at set-up
+    confidence: bool = False  # its update is also given each sample's confidence (update(..., confidence=))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""Feedback samplers (CERO, ADS-style boundary, boundary-aware), by hand-computed cases."""
+"""Feedback samplers (CERO, ADS-style boundary, boundary-aware, CoDaPO resampling), by hand-computed cases."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,52 @@ def test_ads_clusters_need_the_field():
 def test_cero_merges_a_prompts_draws_into_one_group_by_default():
     assert CeroSampler(4).merge_repeats and not CeroSampler(4, merge_groups=False).merge_repeats
     assert not getattr(BoundarySampler(4), "merge_repeats", False)
+
+
+def test_codapo_resamples_seen_questions_by_value():
+    """Prompt 0: rewards 1, 0, 0, 0 at confidence 0 -> p 1/4, value 4 x 1/4 x 3/4 x 1 = 0.75; prompt 1: rewards
+    1, 0 at confidences 0.4, 0.6 -> value 4 x 1/2 x 1/2 x (1 - 0.5) = 0.5; prompt 3: all right -> 0 (never
+    re-drawn). share 0.5 of 4: two re-draws, i.e. both of {0, 1}; of 1 per batch, 0 is picked 0.75 / 1.25."""
+    from upslope.data.samplers import CodapoSampler
+
+    s = CodapoSampler(6, seed=0, share=0.5)
+    prompts, rewards, conf = [0, 1, 3], [1.0, 0, 0, 0, 1.0, 0, 1.0, 1.0], [0, 0, 0, 0, 0.4, 0.6, 0.9, 0.9]
+    gids = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    s.update(prompts, torch.tensor(rewards), gids, confidence=torch.tensor(conf))
+    assert s.value.tolist() == pytest.approx([0.75, 0.5, 0, 0, 0, 0])
+    batch = s.next(4)
+    assert sorted(batch[:2]) == [0, 1] and len(set(batch)) == 4
+    picks = [CodapoSampler.pick(s, torch.tensor([0, 1]), 1, torch.Generator().manual_seed(k))[0] for k in range(2000)]
+    assert picks.count(0) / 2000 == pytest.approx(0.6, abs=0.04)
+    s.update([0], torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), confidence=torch.tensor([0.5, 0.5]))
+    assert s.value[0] == 0 and float(s.value[1]) == pytest.approx(0.5)  # a question's latest value replaces its last
+    again = CodapoSampler(6, seed=0, share=0.5)
+    again.load_state_dict(s.state_dict())
+    assert again.next(2) == s.next(2)
+    with pytest.raises(ConfigError, match="confidence"):
+        s.update([0], torch.tensor([1.0]), torch.tensor([0]))
+
+
+def test_codapo_sampler_is_fed_confidences_in_training(tiny_model_path, tmp_path):
+    """Two GRPO steps on the tiny model with data.sampler=codapo (a coin-flip reward): the trainer gives its
+    update the samples' confidences, and each sampled prompt's value is 4p(1 - p)(1 - c) of its rollouts."""
+    from upslope.config import load_config
+    from upslope.train.trainers.rl import Trainer
+
+    toy = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
+    cfg = load_config(None, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path / 'run'}",
+                             "log.progress=false", "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2",
+                             "rollout.n=4", "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
+                             "train.steps=2", "train.threads=1", "train.micro_batch_tokens=512", "data.options.count=8",
+                             "data.sampler.name=codapo", "data.sampler.options.share=0.5",
+                             f"reward=[{{name: '{toy}:even_length'}}]"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+        s = trainer.sampler
+    finally:
+        trainer.close()
+    assert int(s.trials.sum()) == 16 and bool(((s.value >= 0) & (s.value <= 1)).all())
+    seen = s.trials > 0
+    p = s.successes[seen] / s.trials[seen]
+    assert bool((s.value[seen] <= 4 * p * (1 - p) + 1e-6).all())  # (1 - c) <= 1, c > 0 for a sampled reply

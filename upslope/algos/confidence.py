@@ -84,12 +84,17 @@ def ispo(batch: Batch, *, beta: NonNegative = 0.5, tau: Annotated[float, Field(g
     return (adv - beta * hinge).float()
 
 
+def learnable_value(p: Tensor, c: Tensor) -> Tensor:
+    """CoDaPO's question value in [0, 1]: 4p(1 - p)(1 - c), p a pass rate and c a mean rollout confidence."""
+    return 4 * p * (1 - p) * (1 - c)
+
+
 def codapo_weights(batch: Batch, *, w_min: float, w_max: float, threshold: float) -> Tensor:
     """Per-sample question weight [N]: w_min + (w_max - w_min) x 4p(1 - p) x (1 - c), p the group's pass
     rate and c its mean rollout confidence."""
     p = group_moments(_correct(batch, threshold, "codapo"), batch.group_ids)[0]
     c = group_moments(sequence_confidence(batch), batch.group_ids)[0]
-    return w_min + (w_max - w_min) * 4 * p * (1 - p) * (1 - c)
+    return w_min + (w_max - w_min) * learnable_value(p, c)
 
 
 @ADVANTAGES.register("codapo", grouped=True)
@@ -102,7 +107,7 @@ def codapo(batch: Batch, *, w_min: NonNegative = 0.5, w_max: NonNegative = 2.0, 
 
     The value 4p(1 - p)(1 - c) (learnable band x room left by confidence inflation) is our choice;
     the abstract gives only its inputs and that it is bounded. CoDaPO's resampling of high-value
-    questions within mini-batches is not implemented here (a sampler's job: see CERO).
+    questions is the sampler `codapo` (upslope.data.samplers), by the same value.
     """
     if not 0 <= w_min <= w_max:
         raise ConfigError(f"codapo needs 0 <= w_min <= w_max (got {w_min}, {w_max})")

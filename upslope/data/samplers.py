@@ -213,6 +213,61 @@ class BoundaryAwareSampler(OutcomeSampler):
         return (self.successes > 0) & (rate < self.below)
 
 
+@SAMPLERS.register("codapo", confidence=True)
+class CodapoSampler(OutcomeSampler):
+    """CoDaPO's resampling: `share` of each batch re-draws seen questions, without replacement, with probability
+    proportional to their value 4p(1 - p)(1 - c) (the advantage `codapo`'s: p the pass rate and c the mean
+    rollout confidence of the question's rollouts at the step it was last sampled); the rest of the batch in
+    uniform order. A question of value 0 (all its rollouts right, or all wrong, or fully confident) is not
+    re-drawn. The abstract resamples within mini-batches; here a question's value is known once its rollouts
+    are scored, so the re-draws fill the following steps' fixed prompt budget.
+
+    threshold: a sample succeeds when its reward is at least this
+    share: fraction of each batch re-drawn from the seen questions by value (0: uniform)
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
+                 share: Fraction = 0.25):
+        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.share = share
+        self.value = torch.zeros(num_prompts, dtype=torch.float64)
+
+    def update(self, indices: list[int], rewards: torch.Tensor, group_ids: torch.Tensor,
+               confidence: torch.Tensor | None = None) -> None:
+        """The counts, and each prompt sampled in this update gets the value of its samples here."""
+        from upslope.algos.confidence import learnable_value
+
+        super().update(indices, rewards, group_ids)
+        if confidence is None:
+            raise ConfigError("data.sampler codapo: its update needs each sample's confidence")
+        prompts = torch.tensor(indices, dtype=torch.long)[group_ids.long()]
+        n = torch.zeros(self.num_prompts, dtype=torch.float64).index_add_(0, prompts, torch.ones(len(prompts),
+                                                                                                dtype=torch.float64))
+        right = torch.zeros_like(n).index_add_(0, prompts, (rewards >= self.threshold).to(torch.float64))
+        conf = torch.zeros_like(n).index_add_(0, prompts, confidence.to(torch.float64))
+        seen = n > 0
+        self.value[seen] = learnable_value(right[seen] / n[seen], conf[seen] / n[seen])
+
+    def pool_share(self) -> float:
+        return self.share
+
+    def pool(self) -> torch.Tensor:
+        return self.value > 0
+
+    def pick(self, candidates: torch.Tensor, take: int, gen: torch.Generator) -> list[int]:
+        """`take` distinct pool prompts drawn with probability proportional to their value."""
+        if take == 0:
+            return []
+        return candidates[torch.multinomial(self.value[candidates], take, generator=gen)].tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "value": self.value.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.value = state["value"].clone()
+
+
 @SAMPLERS.register("cero")
 class CeroSampler(OutcomeSampler):
     """CERO: a Beta posterior over each prompt's success probability; each step's budget of

@@ -233,7 +233,12 @@ class Trainer(BaseTrainer):
         (at most rollout.max_resample_rounds extra rounds); kept groups go to `stream` as they arrive."""
         got = self.source.next(step, stream)
         if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
-            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
+            extra = {}
+            if SAMPLERS.get(self.cfg.data.sampler.name).traits.confidence:  # CoDaPO's resampling value reads it
+                from upslope.algos.confidence import sequence_confidence
+
+                extra["confidence"] = sequence_confidence(got.seen)
+            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids, **extra)
         metrics = got.metrics
         self.warn_reply_cut(metrics.get("agent/env_reply_cut", 0.0))
         metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
