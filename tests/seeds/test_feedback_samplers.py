@@ -1,6 +1,7 @@
 """Feedback samplers (CERO, ADS-style boundary, boundary-aware, CoDaPO resampling), by hand-computed cases."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,56 @@ def test_codapo_sampler_is_fed_confidences_in_training(tiny_model_path, tmp_path
     seen = s.trials > 0
     p = s.successes[seen] / s.trials[seen]
     assert bool((s.value[seen] <= 4 * p * (1 - p) + 1e-6).all())  # (1 - c) <= 1, c > 0 for a sampled reply
+
+
+def test_boundary_aware_guides_prompts_beyond_the_boundary():
+    """Four prompts and their guided copies (indices 4-7: the hint is the answer's first half, at least one
+    character). Located at step 1: 1 and 3 never solved (beyond), 0 half solved (the pool). At step 2 every
+    prompt is drawn: 0 from the pool, 2 as itself, 1 and 3 as their guided copies 5 and 7, whose outcomes do not
+    count toward the boundary."""
+    from upslope.data.samplers import sampler_examples
+
+    examples = [Example(prompt="What is 12 + 34?", answer=46, id="a"), Example(prompt="What is 60 + 63?", answer=123),
+                Example(prompt=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5 + 2?"}],
+                        answer=7), Example(prompt="What is 1 + 1?", answer=2)]
+    data = DataConfig(sampler=Plugin(name="boundary_aware", options={"locate_steps": 1, "share": 0.5,
+                                                                     "guidance": "answer_prefix", "hint_share": 0.5}))
+    guided = sampler_examples(data, examples)
+    assert [g.prompt for g in (guided[0], guided[1], guided[3])] == [
+        "What is 12 + 34? (Hint: the answer begins with 4.)", "What is 60 + 63? (Hint: the answer begins with 12.)",
+        "What is 1 + 1? (Hint: the answer begins with 2.)"]
+    assert guided[2].prompt[1]["content"] == "5 + 2? (Hint: the answer begins with 7.)" and examples[2].prompt[1]["content"] == "5 + 2?"
+    assert guided[0].id == "a-guided" and guided[0].answer == 46 and guided[0].meta["metrics"] == {"boundary/guided": 1.0}
+    s = make_sampler(data, 8, 0, examples + guided)
+    assert sorted(s.next(4)) == [0, 1, 2, 3]  # locate: the task's own prompts only
+    feed(s, {0: [1.0, 0.0], 1: [0.0, 0.0], 2: [1.0, 1.0], 3: [0.0, 0.0]})
+    out = s.next(4)
+    assert out[0] == 0 and sorted(out) == [0, 2, 5, 7]
+    feed(s, {0: [1.0, 1.0], 5: [1.0, 1.0], 2: [1.0, 0.0], 7: [0.0, 0.0]})
+    assert s.successes.tolist() == [3, 0, 3, 0] and s.trials.tolist() == [4, 2, 4, 2]
+    assert sampler_examples(DataConfig(sampler=Plugin(name="boundary_aware")), examples) == []  # guidance off
+    with pytest.raises(ConfigError, match="no reference answer"):
+        sampler_examples(data, [Example(prompt="x")])
+
+
+def test_boundary_guidance_in_training(tiny_model_path, tmp_path):
+    """Three steps on the tiny model, which solves nothing: step 1 locates every drawn prompt beyond the
+    boundary, and from step 2 each of them comes back as its guided copy (the hinted prompt, logged)."""
+    from upslope.config import load_config
+    from upslope.train.trainers.rl import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={run}",
+                             "log.progress=false", "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
+                             "train.steps=3", "train.threads=1", "train.micro_batch_tokens=512", "data.options.count=2",
+                             "data.sampler.name=boundary_aware", "data.sampler.options.locate_steps=1",
+                             "data.sampler.options.guidance=answer_prefix"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r.get("boundary/guided", 0.0) for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["reward/mean"] == 0.0  # located: nothing solved
