@@ -40,7 +40,7 @@ class AdvantageTraits(Traits):
     token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
     whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
     salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
-    features: str | None = None  # takes each rollout's feature vector [N, D] from this source (hidden_mean)
+    features: str | None = None  # takes each rollout's feature vector [N, D] from this source (hidden_mean, answer_gain)
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:

@@ -287,10 +287,14 @@ class Trainer(BaseTrainer):
         import time
 
         if self.features_source:
-            from upslope.train.learner.salience import rollout_features
+            import inspect
+
+            from upslope.train.learner.salience import FEATURES, rollout_features
 
             t0 = time.perf_counter()
-            features = rollout_features(self.updater, batch, self.features_source)
+            params = inspect.signature(self.advantage_fn).parameters  # a source reading the answer region gets it
+            extra = {"answer_tokens": int(params["answer_tokens"].default)} if "answer_tokens" in params else {}
+            features = rollout_features(self.updater, batch, FEATURES[self.features_source], **extra)
             metrics["features/seconds"] = time.perf_counter() - t0
             return functools.partial(self.advantage_fn, features=features)
         source = self.salience_source
