@@ -61,9 +61,9 @@ def test_reward_model_scores_are_hf_sequence_classification_scores(reward_model_
     metas = [{"prompt": p} for p in prompts]
     assert kept.fn(replies, [None, None], metas) == pytest.approx(got, rel=1e-6)
     head = hf.score.weight[0].detach()
-    for m, score in zip(metas, got):
+    for m, value in zip(metas, got):
         assert m["reward_model_state"].shape == (hf.config.hidden_size,)
-        assert float(m["reward_model_state"] @ head) == pytest.approx(score, rel=1e-5, abs=1e-6)
+        assert float(m["reward_model_state"] @ head) == pytest.approx(value, rel=1e-5, abs=1e-6)
 
 
 def test_normalisation_by_hand():
