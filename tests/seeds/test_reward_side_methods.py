@@ -228,6 +228,7 @@ def test_arkd_weights_forward_and_reverse_kl_by_hand():
     with pytest.raises(ConfigError, match="floor"):
         Arkd(floor=0.7)
     assert Arkd().after_update({"distill/fkl_topk": 1.0, "distill/rkl_topk": 1.0}) == {}  # the rule learns nothing
+    assert Arkd().state_dict() == {}  # and checkpoints nothing
 
 
 def test_arkd_learned_weighting_by_hand():

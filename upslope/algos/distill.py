@@ -243,6 +243,9 @@ class Arkd:
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The learned weighting's state ({} for `rule`, which keeps none)."""
+        if not self.learned:
+            return {}
         return {"theta": self.theta.tolist(), "baseline": self.baseline, "steps": self.steps, "last": self.last,
                 "pending": None if self.pending is None else self.pending.tolist()}
 

@@ -246,6 +246,7 @@ class BoundaryAwareSampler(OutcomeSampler):
                  threshold: float = 0.5, locate_steps: Count = 5, consolidate_below: Fraction = 0.75,
                  share: Fraction = 0.75, guidance: Literal["none", "answer_prefix"] = "none",
                  hint_share: Fraction = 0.5, hint: str = " (Hint: the answer begins with {prefix}.)"):
+        # guidance, hint_share and hint shape the guided copies, added at set-up (`guided_copies`); here: where they are
         self.guided_of = {int(ex.meta[GUIDED]): i for i, ex in enumerate(examples) if GUIDED in ex.meta}
         super().__init__(num_prompts - len(self.guided_of), seed, shuffle, threshold=threshold)
         self.locate_steps, self.below, self.share = locate_steps, consolidate_below, share

@@ -64,13 +64,14 @@ class DistillTrainer(BaseTrainer):
         return metrics
 
     def extra_state(self) -> dict[str, Any]:
-        return {"distill_loss": self.loss.state_dict()} if hasattr(self.loss, "state_dict") else {}
+        own = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
+        return {"distill_loss": own} if own else {}
 
     def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
-        if hasattr(self.loss, "load_state_dict"):
-            if "distill_loss" not in state:
-                raise UpslopeError(f"{path}: checkpoint has no state of distill.loss {self.cfg.distill.loss.name}")
+        if "distill_loss" in state:
             self.loss.load_state_dict(state["distill_loss"])
+        elif hasattr(self.loss, "state_dict") and self.loss.state_dict():  # it learns, and the checkpoint lacks it
+            raise UpslopeError(f"{path}: checkpoint has no state of distill.loss {self.cfg.distill.loss.name}")
 
     def setup_objective(self) -> None:
         cfg = self.cfg
