@@ -152,6 +152,9 @@ UNBOUNDED = {
     "task:reasoning_gym.seed",  # any integer it takes
     "reward:knapsack.infeasible",  # a penalty is negative
     "preference_loss:bro.threshold", "preference_loss:bro.shift",  # compared with rewards / implicit rewards
+    "sampler:codapo.threshold",  # compared with rewards
+    "distill_loss:arkd.init_a", "distill_loss:arkd.init_b",  # a logistic's starting parameters: any real
+    "distill_loss:arkd.seed",  # its exploration noise's seed: any integer
 }
 
 

@@ -40,7 +40,7 @@ class AdvantageTraits(Traits):
     token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
     whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
     salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
-    features: str | None = None  # each rollout's features from this source: hidden_mean [N, D], hidden_states [N, L, D]
+    features: str | None = None  # each rollout's features from this source: hidden_mean [N, D], hidden_states [N, L, D], answer_gain [N, 1]
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:
@@ -86,6 +86,7 @@ class SamplerTraits(Traits):
     examples: bool = False  # takes the training examples
     extend: Callable[..., Any] | None = None  # (examples, data, **options) -> prompts it adds to the task's
     features: str | None = None  # given each training prompt's feature vector [P, D] from this source at set-up
+    confidence: bool = False  # its update is also given each sample's confidence (update(..., confidence=))
 
 
 @dataclass(frozen=True)

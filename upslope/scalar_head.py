@@ -20,7 +20,7 @@ class ScalarHeadModel(torch.nn.Module):
 
     # its forwards: an FSDP-sharded root gathers its own weights (embeddings, final norm, head) only
     # around a registered forward method (`upslope.distributed.shard.shard_model`)
-    forward_methods = ("token_values",)
+    forward_methods = ("token_values", "scores_and_states")
 
     def __init__(self, net: Any):
         super().__init__()
@@ -42,8 +42,16 @@ class ScalarHeadModel(torch.nn.Module):
 
     def sequence_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[n] fp32: the head at each row's rightmost non-pad token, as HF's class scores it."""
-        return self.token_values(input_ids, attention_mask).gather(
-            1, score_positions(input_ids, attention_mask, self.config.pad_token_id)[:, None]).squeeze(1)
+        return self.scores_and_states(input_ids, attention_mask)[0]
+
+    def scores_and_states(self, input_ids: torch.Tensor,
+                          attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([n] fp32 `sequence_scores`, [n, D] fp32 the last hidden state the head reads there), one forward."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
+        pos = score_positions(input_ids, attention_mask, self.config.pad_token_id)[:, None]
+        scores = self.net.score(hidden).squeeze(-1).float().gather(1, pos).squeeze(1)
+        states = hidden.gather(1, pos[..., None].expand(-1, 1, hidden.shape[-1])).squeeze(1).float()
+        return scores, states
 
     def save_pretrained(self, directory: Any, **kwargs: Any) -> None:
         """An HF sequence-classification model directory (what checkpoints and `upslope rm` write)."""
@@ -128,19 +136,28 @@ def scalar_loader(*, pad_id: int | None, bias: bool = False,
 def score_rows(model: ScalarHeadModel, batch: Any, micro_batch_tokens: int, device: torch.device,
                autocast: Any = None) -> torch.Tensor:
     """[N] fp32 sequence scores of a Batch's rows, no grad, in token-budget micro-batches (eval mode)."""
+    return score_and_state_rows(model, batch, micro_batch_tokens, device, autocast)[0]
+
+
+def score_and_state_rows(model: ScalarHeadModel, batch: Any, micro_batch_tokens: int, device: torch.device,
+                         autocast: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N] fp32 sequence scores, [N, D] fp32 the hidden states the head read) of a Batch's rows, no grad, in
+    token-budget micro-batches (eval mode), on the host."""
     from upslope.batch import micro_batch_indices
 
     out = torch.zeros(batch.size, dtype=torch.float32)  # cpu: results gathered on the host
+    states = torch.zeros(batch.size, int(model.config.hidden_size), dtype=torch.float32)
     was_training = model.training
     model.eval()
     try:
         for idx in micro_batch_indices(batch.seq_lens, micro_batch_tokens):
             mb = batch.select(idx).to(device)
             with autocast if autocast is not None else contextlib.nullcontext():
-                out[torch.as_tensor(idx)] = model.sequence_scores(mb.input_ids, mb.attention_mask).cpu()
+                scores, hidden = model.scores_and_states(mb.input_ids, mb.attention_mask)
+            out[torch.as_tensor(idx)], states[torch.as_tensor(idx)] = scores.cpu(), hidden.cpu()
     finally:
         model.train(was_training)
-    return out
+    return out, states
 
 
 def tokenizer_difference(a: Any, b: Any) -> str | None:

@@ -63,3 +63,25 @@ def test_drift_routes_hard_problems_to_their_buffered_success():
     again = REPLAY.bind("drift", {"distill_weight": 2.0})()
     again.load_state_dict(state)
     assert again.mix(_step([0.0, 0.0], ["C", "C"], [0, 0]), 3, 2)[1]["drift/distilled_rows"] == 1.0
+
+
+def test_drift_rhythm_gate_by_hand():
+    """Row 0's four tokens have log-probs -0.1, -2.0, -0.5, -2.0: with share 0.5 the two most surprising (the
+    -2.0s) keep their advantage, the others get floor 0.25; share 0.25 keeps one, the earlier of the tie.
+    Row 1 (two tokens, -0.3 and -0.2): ceil(0.5 x 2) = 1, the -0.3. Gating starts at gate_from_step."""
+    from upslope.algos.exploration import rhythm_gate
+
+    b = build_batch([[1], [1]], [[5] * 4, [5] * 2], [[-0.1, -2.0, -0.5, -2.0], [-0.3, -0.2]], [0, 0],
+                    [False, False], 2, meta=[{"example_id": "A"}, {"example_id": "A"}])
+    p = 1
+    gate = rhythm_gate(b, 0.5, 0.25)
+    assert gate[0, p:p + 4].tolist() == [0.25, 1.0, 0.25, 1.0] and gate[1, p:p + 2].tolist() == [1.0, 0.25]
+    assert gate[0, :p].sum() == 0 and gate[1, p + 2:].sum() == 0
+    assert rhythm_gate(b, 0.25, 0.0)[0, p:p + 4].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert rhythm_gate(b, 1.0, 0.0)[0, p:p + 4].tolist() == [1.0] * 4
+    b.rewards = torch.tensor([1.0, 0.0])
+    b.advantages = b.loss_mask.float() * torch.tensor([[1.0], [-1.0]])
+    drift = REPLAY.bind("drift", {"gate_share": 0.5, "gate_floor": 0.25, "gate_from_step": 3})()
+    assert torch.equal(drift.mix(b, 2, 2)[0].advantages, b.advantages)  # stage one: every token learns
+    out = drift.mix(b, 3, 2)[0]
+    assert out.advantages[0, p:p + 4].tolist() == [0.25, 1.0, 0.25, 1.0] and out.advantages[1, p:p + 2].tolist() == [-1.0, -0.25]

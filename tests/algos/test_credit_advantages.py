@@ -73,6 +73,59 @@ def test_graphae_mixes_each_advantage_with_its_similar_neighbours():
     assert torch.equal(graphae(b, lam=0.0), grpo(b))
 
 
+def test_ispo_adds_the_reasoning_informativeness_centred_in_the_group():
+    """A tied group (both right, GRPO 0) with informativeness 0.3 and 0.1: +-0.1 x seq_coef 0.5 on every token;
+    a mixed group keeps GRPO's advantage plus its own centred signal (0 when the gains tie), minus the hinge."""
+    b = batch_of([1.0, 1.0, 1.0, 0.0], [[-1.0, -1.0]] * 3 + [[math.log(0.95), -1.0]], groups=[0, 0, 1, 1])
+    got = ispo(b, torch.tensor([[0.3], [0.1], [0.2], [0.2]]), beta=0.5, tau=0.9, seq_coef=0.5)
+    assert completion(got, 0, 2) == pytest.approx([0.05, 0.05]) and completion(got, 1, 2) == pytest.approx([-0.05] * 2)
+    assert completion(got, 2, 2) == pytest.approx([A2, A2], rel=1e-5)
+    assert completion(got, 3, 2) == pytest.approx([-A2 - 0.5 * 0.05, -A2], rel=1e-5)
+    assert torch.equal(ispo(b, torch.tensor([[0.3], [0.1], [0.2], [0.2]]), seq_coef=0.0), ispo(b))
+    assert ADVANTAGES.get("ispo").traits.features == "answer_gain"
+
+
+def test_answer_gain_is_the_answers_log_prob_with_minus_without_the_reasoning(tiny_model_path):
+    """Row 0: prompt 11 12, reasoning 21 22, answer (the last 2 tokens) 23 24: mean log p(23, 24) after the whole
+    sequence minus after 11 12 alone. Row 1's reply is its answer alone (no reasoning): 0."""
+    from upslope.models import load_model
+    from upslope.train.learner.salience import answer_gain
+
+    model = load_model(tiny_model_path).eval()
+    b = build_batch([[11, 12], [11, 12, 13]], [[21, 22, 23, 24], [31, 32]], [[0.0] * 4, [0.0] * 2], [0, 1],
+                    [False, False], pad_id=0)
+    got = answer_gain(model, b, answer_tokens=2)
+
+    def mean_lp(ids: list[int], at: list[int]) -> float:
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        return sum(float(lp[t - 1, ids[t]]) for t in at) / len(at)
+
+    want = mean_lp([11, 12, 21, 22, 23, 24], [4, 5]) - mean_lp([11, 12, 23, 24], [2, 3])
+    assert got.shape == (2, 1) and float(got[0, 0]) == pytest.approx(want, abs=1e-4) and float(got[1, 0]) == 0.0
+    assert abs(want) > 1e-3  # the reasoning changes the answer's probability
+
+
+def test_graphae_edges_from_reward_model_states():
+    """States (1, 0), (1, 1), (-1, 0): cosine(0, 1) = 1/sqrt(2), cosine(0, 2) = -1 -> no edge, cosine(1, 2) =
+    -1/sqrt(2) -> no edge; so rows 0 and 1 mix with each other at weight 1 and row 2 keeps its advantage,
+    although its tokens equal row 0's (the Jaccard edge the states replace)."""
+    b = batch_of([1.0, 0.0, 0.0], [[-1.0, -1.0]] * 3, tokens=[[5, 6], [8, 9], [5, 6]])
+    for m, h in zip(b.meta, ([1.0, 0.0], [1.0, 1.0], [-1.0, 0.0])):
+        m["reward_model_state"] = torch.tensor(h)
+    std = math.sqrt(1 / 3)
+    a = [(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6)]
+    got = graphae(b, lam=0.5)[:, 1].tolist()
+    assert got == pytest.approx([0.5 * a[0] + 0.5 * a[1], 0.5 * a[1] + 0.5 * a[0], a[2]], rel=1e-5)
+    assert graphae(b, lam=0.5, edges="reward_model").tolist() == graphae(b, lam=0.5).tolist()
+    jac = graphae(b, lam=0.5, edges="jaccard")[:, 1].tolist()  # rows 0 and 2 share their tokens
+    assert jac == pytest.approx([0.5 * a[0] + 0.5 * a[2], a[1], 0.5 * a[2] + 0.5 * a[0]], rel=1e-5)
+    del b.meta[2]["reward_model_state"]  # auto falls back to Jaccard; reward_model asks for the states
+    assert graphae(b, lam=0.5).tolist() == graphae(b, lam=0.5, edges="jaccard").tolist()
+    with pytest.raises(ConfigError, match="keep_states: true"):
+        graphae(b, edges="reward_model")
+
+
 def test_consteer_shapes_the_reward_by_signed_confidence():
     c = [0.8, 0.6, 0.5]
     b = batch_of([1.0, 1.0, 0.0], [[math.log(x)] for x in c])

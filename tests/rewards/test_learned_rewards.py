@@ -55,6 +55,15 @@ def test_reward_model_scores_are_hf_sequence_classification_scores(reward_model_
             want.append(float(hf(input_ids=torch.tensor([ids])).logits[0, 0]))
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert got[0] != got[1]
+    # keep_states: each sample's meta gets the hidden state the head read (the score is the head on it)
+    [kept] = build_reward_fns([RewardSpec(name="reward_model", options={"path": reward_model_dir, "keep_states": True})],
+                              context=RewardContext(policy_tokenizer=tokenizer))
+    metas = [{"prompt": p} for p in prompts]
+    assert kept.fn(replies, [None, None], metas) == pytest.approx(got, rel=1e-6)
+    head = hf.score.weight[0].detach()
+    for m, value in zip(metas, got):
+        assert m["reward_model_state"].shape == (hf.config.hidden_size,)
+        assert float(m["reward_model_state"] @ head) == pytest.approx(value, rel=1e-5, abs=1e-6)
 
 
 def test_normalisation_by_hand():
@@ -93,7 +102,8 @@ def test_tokenizer_mismatch_is_one_line_exit_2(reward_model_dir, tiny_model_path
 
 
 def test_reward_model_drives_training_end_to_end(reward_model_dir, tiny_model_path, tmp_path):
-    """GRPO on the tiny model with the learned reward: every completion is scored (no failure)."""
+    """GraphAE (GRPO propagated over edges from the reward model's hidden states, which the reward keeps on each
+    sample) on the tiny model with the learned reward: every completion is scored (no failure)."""
     from upslope.config import load_config
     from upslope.train.trainers.rl import Trainer
 
@@ -102,7 +112,8 @@ def test_reward_model_drives_training_end_to_end(reward_model_dir, tiny_model_pa
                              "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2", "rollout.n=2",
                              "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
                              "train.steps=1", "train.threads=1", "train.micro_batch_tokens=512",
-                             f"reward=[{{name: reward_model, options: {{path: '{reward_model_dir}'}}}}]"])
+                             "algo.advantage.name=graphae", "algo.advantage.options.edges=reward_model",
+                             f"reward=[{{name: reward_model, options: {{path: '{reward_model_dir}', keep_states: true}}}}]"])
     trainer = Trainer(cfg)
     try:
         trainer.run()

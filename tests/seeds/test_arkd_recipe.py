@@ -1,5 +1,5 @@
 """recipes/arkd.yaml through `upslope distill` on the tiny model (HF engine), a second tiny model as teacher:
-the adaptive forward-KL weight is logged and stays inside [floor, 1 - floor]."""
+the adaptive forward-KL weight is logged and stays inside [floor, 1 - floor], and its learned weighting moves."""
 from __future__ import annotations
 
 import json
@@ -23,4 +23,8 @@ def test_arkd_recipe_runs_and_logs_its_weight(tiny_model_path, smollm_path, tmp_
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     weights = [r["distill/arkd_fkl_weight"] for r in rows if "distill/arkd_fkl_weight" in r]
     assert len(weights) == 2 and all(0.1 - 1e-6 <= w <= 0.9 + 1e-6 for w in weights)
+    # the learned weighting: its parameters logged each step, moved at step 2 by step 1's reward
+    learned = [r for r in rows if "distill/arkd_a" in r]
+    assert [r["step"] for r in learned] == [1, 2] and "distill/arkd_reward" in learned[1]
+    assert learned[0]["distill/arkd_a"] == -2.0 and learned[1]["distill/arkd_a"] != -2.0
     assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)

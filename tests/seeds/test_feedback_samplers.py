@@ -1,5 +1,8 @@
-"""Feedback samplers (CERO, ADS-style boundary, boundary-aware), by hand-computed cases."""
+"""Feedback samplers (CERO, ADS-style boundary, boundary-aware, CoDaPO resampling), by hand-computed cases."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +155,105 @@ def test_ads_clusters_need_the_field():
 def test_cero_merges_a_prompts_draws_into_one_group_by_default():
     assert CeroSampler(4).merge_repeats and not CeroSampler(4, merge_groups=False).merge_repeats
     assert not getattr(BoundarySampler(4), "merge_repeats", False)
+
+
+def test_codapo_resamples_seen_questions_by_value():
+    """Prompt 0: rewards 1, 0, 0, 0 at confidence 0 -> p 1/4, value 4 x 1/4 x 3/4 x 1 = 0.75; prompt 1: rewards
+    1, 0 at confidences 0.4, 0.6 -> value 4 x 1/2 x 1/2 x (1 - 0.5) = 0.5; prompt 3: all right -> 0 (never
+    re-drawn). share 0.5 of 4: two re-draws, i.e. both of {0, 1}; of 1 per batch, 0 is picked 0.75 / 1.25."""
+    from upslope.data.samplers import CodapoSampler
+
+    s = CodapoSampler(6, seed=0, share=0.5)
+    prompts, rewards, conf = [0, 1, 3], [1.0, 0, 0, 0, 1.0, 0, 1.0, 1.0], [0, 0, 0, 0, 0.4, 0.6, 0.9, 0.9]
+    gids = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    s.update(prompts, torch.tensor(rewards), gids, confidence=torch.tensor(conf))
+    assert s.value.tolist() == pytest.approx([0.75, 0.5, 0, 0, 0, 0])
+    batch = s.next(4)
+    assert sorted(batch[:2]) == [0, 1] and len(set(batch)) == 4
+    picks = [CodapoSampler.pick(s, torch.tensor([0, 1]), 1, torch.Generator().manual_seed(k))[0] for k in range(2000)]
+    assert picks.count(0) / 2000 == pytest.approx(0.6, abs=0.04)
+    s.update([0], torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), confidence=torch.tensor([0.5, 0.5]))
+    assert s.value[0] == 0 and float(s.value[1]) == pytest.approx(0.5)  # a question's latest value replaces its last
+    again = CodapoSampler(6, seed=0, share=0.5)
+    again.load_state_dict(s.state_dict())
+    assert again.next(2) == s.next(2)
+    with pytest.raises(ConfigError, match="confidence"):
+        s.update([0], torch.tensor([1.0]), torch.tensor([0]))
+
+
+def test_codapo_sampler_is_fed_confidences_in_training(tiny_model_path, tmp_path):
+    """Two GRPO steps on the tiny model with data.sampler=codapo (a coin-flip reward): the trainer gives its
+    update the samples' confidences, and each sampled prompt's value is 4p(1 - p)(1 - c) of its rollouts."""
+    from upslope.config import load_config
+    from upslope.train.trainers.rl import Trainer
+
+    toy = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
+    cfg = load_config(None, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={tmp_path / 'run'}",
+                             "log.progress=false", "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2",
+                             "rollout.n=4", "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
+                             "train.steps=2", "train.threads=1", "train.micro_batch_tokens=512", "data.options.count=8",
+                             "data.sampler.name=codapo", "data.sampler.options.share=0.5",
+                             f"reward=[{{name: '{toy}:even_length'}}]"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+        s = trainer.sampler
+    finally:
+        trainer.close()
+    assert int(s.trials.sum()) == 16 and bool(((s.value >= 0) & (s.value <= 1)).all())
+    seen = s.trials > 0
+    p = s.successes[seen] / s.trials[seen]
+    assert bool((s.value[seen] <= 4 * p * (1 - p) + 1e-6).all())  # (1 - c) <= 1, c > 0 for a sampled reply
+
+
+def test_boundary_aware_guides_prompts_beyond_the_boundary():
+    """Four prompts and their guided copies (indices 4-7: the hint is the answer's first half, at least one
+    character). Located at step 1: 1 and 3 never solved (beyond), 0 half solved (the pool). At step 2 every
+    prompt is drawn: 0 from the pool, 2 as itself, 1 and 3 as their guided copies 5 and 7, whose outcomes do not
+    count toward the boundary."""
+    from upslope.data.samplers import sampler_examples
+
+    examples = [Example(prompt="What is 12 + 34?", answer=46, id="a"), Example(prompt="What is 60 + 63?", answer=123),
+                Example(prompt=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5 + 2?"}],
+                        answer=7), Example(prompt="What is 1 + 1?", answer=2)]
+    data = DataConfig(sampler=Plugin(name="boundary_aware", options={"locate_steps": 1, "share": 0.5,
+                                                                     "guidance": "answer_prefix", "hint_share": 0.5}))
+    guided = sampler_examples(data, examples)
+    assert [g.prompt for g in (guided[0], guided[1], guided[3])] == [
+        "What is 12 + 34? (Hint: the answer begins with 4.)", "What is 60 + 63? (Hint: the answer begins with 12.)",
+        "What is 1 + 1? (Hint: the answer begins with 2.)"]
+    assert guided[2].prompt[1]["content"] == "5 + 2? (Hint: the answer begins with 7.)" and examples[2].prompt[1]["content"] == "5 + 2?"
+    assert guided[0].id == "a-guided" and guided[0].answer == 46 and guided[0].meta["metrics"] == {"boundary/guided": 1.0}
+    s = make_sampler(data, 8, 0, examples + guided)
+    assert sorted(s.next(4)) == [0, 1, 2, 3]  # locate: the task's own prompts only
+    feed(s, {0: [1.0, 0.0], 1: [0.0, 0.0], 2: [1.0, 1.0], 3: [0.0, 0.0]})
+    out = s.next(4)
+    assert out[0] == 0 and sorted(out) == [0, 2, 5, 7]
+    feed(s, {0: [1.0, 1.0], 5: [1.0, 1.0], 2: [1.0, 0.0], 7: [0.0, 0.0]})
+    assert s.successes.tolist() == [3, 0, 3, 0] and s.trials.tolist() == [4, 2, 4, 2]
+    assert sampler_examples(DataConfig(sampler=Plugin(name="boundary_aware")), examples) == []  # guidance off
+    with pytest.raises(ConfigError, match="no reference answer"):
+        sampler_examples(data, [Example(prompt="x")])
+
+
+def test_boundary_guidance_in_training(tiny_model_path, tmp_path):
+    """Three steps on the tiny model, which solves nothing: step 1 locates every drawn prompt beyond the
+    boundary, and from step 2 each of them comes back as its guided copy (the hinted prompt, logged)."""
+    from upslope.config import load_config
+    from upslope.train.trainers.rl import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"model.name={tiny_model_path}", "engine.name=hf", f"run_dir={run}",
+                             "log.progress=false", "log.tensorboard=false", "log.plot=false", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "rollout.max_new_tokens=4", "train.eval_before=false", "train.eval_after=false",
+                             "train.steps=3", "train.threads=1", "train.micro_batch_tokens=512", "data.options.count=2",
+                             "data.sampler.name=boundary_aware", "data.sampler.options.locate_steps=1",
+                             "data.sampler.options.guidance=answer_prefix"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r.get("boundary/guided", 0.0) for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["reward/mean"] == 0.0  # located: nothing solved

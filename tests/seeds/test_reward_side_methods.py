@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from upslope.algos.advantages import gd2po, recal, reward_cancellation
 from upslope.algos.combiners import cv_weights, saw
-from upslope.algos.distill import DistillInputs, arkd
+from upslope.algos.distill import Arkd, DistillInputs
 from upslope.batch import Batch, build_batch
 from upslope.errors import ConfigError
 from upslope.registry import REWARDS
@@ -220,13 +220,42 @@ def test_arkd_weights_forward_and_reverse_kl_by_hand():
     x = DistillInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), student, teacher)
     fkl = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.2)
     rkl = 0.8 * math.log(0.8 / 0.5) + 0.2 * math.log(0.2 / 0.5)
-    loss, m = arkd(x)  # a flat teacher: entropy log 2 / log 2 = 1, kept at 1 - floor
+    loss, m = Arkd()(x)  # a flat teacher: entropy log 2 / log 2 = 1, kept at 1 - floor
     assert loss.item() == pytest.approx(0.9 * fkl + 0.1 * rkl) and m["distill/arkd_fkl_weight"] == pytest.approx(0.9)
-    loss, _ = arkd(x, signal="gap", floor=0.0)
+    loss, _ = Arkd(signal="gap", floor=0.0)(x)
     w = fkl / (fkl + rkl)
     assert loss.item() == pytest.approx(w * fkl + (1 - w) * rkl)
     with pytest.raises(ConfigError, match="floor"):
-        arkd(x, floor=0.7)
+        Arkd(floor=0.7)
+    assert Arkd().after_update({"distill/fkl_topk": 1.0, "distill/rkl_topk": 1.0}) == {}  # the rule learns nothing
+    assert Arkd().state_dict() == {}  # and checkpoints nothing
+
+
+def test_arkd_learned_weighting_by_hand():
+    """w = sigmoid((a, b) + eps . (1, u)); the reward of step 1's eps is the drop of FKL + RKL from step 1 (2.0)
+    to step 2 (1.2) = 0.8, and (a, b) += lr x (0.8 - baseline 0) x eps / sigma^2; the baseline becomes 0.1 x 0.8."""
+    student = torch.log(torch.tensor([[[0.8, 0.2]]], dtype=torch.float64))
+    teacher = torch.log(torch.tensor([[[0.5, 0.5]]], dtype=torch.float64))
+    x = DistillInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), student, teacher)
+    fkl = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.2)
+    rkl = 0.8 * math.log(0.8 / 0.5) + 0.2 * math.log(0.2 / 0.5)
+    arkd = Arkd(weighting="learned", floor=0.0, init_a=-1.0, init_b=0.5, lr=0.1, sigma=0.5, seed=3)
+    e1 = arkd.noise.tolist()
+    gen = torch.Generator().manual_seed(3 * 1_000_003)  # step 0's noise: seeded by seed and steps done
+    assert e1 == pytest.approx((torch.randn(2, generator=gen, dtype=torch.float64) * 0.5).tolist())
+    w = 1 / (1 + math.exp(-((-1.0 + e1[0]) + (0.5 + e1[1]) * 1.0)))  # the flat teacher's signal u = 1
+    loss, m = arkd(x)
+    assert m["distill/arkd_fkl_weight"].item() == pytest.approx(w) and loss.item() == pytest.approx(w * fkl + (1 - w) * rkl)
+    out = arkd.after_update({"distill/fkl_topk": 1.5, "distill/rkl_topk": 0.5})  # no reward yet
+    assert out == {"distill/arkd_a": -1.0, "distill/arkd_b": 0.5} and arkd.noise.tolist() != e1
+    state = arkd.state_dict()
+    out = arkd.after_update({"distill/fkl_topk": 0.7, "distill/rkl_topk": 0.5})
+    a, b = -1.0 + 0.1 * 0.8 * e1[0] / 0.25, 0.5 + 0.1 * 0.8 * e1[1] / 0.25
+    assert out["distill/arkd_reward"] == pytest.approx(0.8)
+    assert [out["distill/arkd_a"], out["distill/arkd_b"]] == pytest.approx([a, b]) and arkd.baseline == pytest.approx(0.08)
+    again = Arkd(weighting="learned", floor=0.0, init_a=-1.0, init_b=0.5, lr=0.1, sigma=0.5, seed=3)
+    again.load_state_dict(state)  # checkpointed: a restored copy makes the same update
+    assert again.after_update({"distill/fkl_topk": 0.7, "distill/rkl_topk": 0.5}) == out
 
 
 def test_a_bad_verifier_is_one_line_naming_the_option():

@@ -7,7 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upslope.sweep.halving import promoted, ranked, rung_sizes, sample_points, steps_trained
+from upslope.sweep.halving import (promoted, ranked, rung_sizes, sample_points, steps_trained, trend_slope,
+                                   trend_verdict)
 from upslope.sweep.spec import Range
 
 
@@ -61,3 +62,21 @@ def test_rung_sizes_shrink_by_eta(trials, eta, rungs):
     sizes = rung_sizes(trials, eta, rungs)
     assert len(sizes) == rungs and sizes[0] == trials
     assert all(b == max(1, a // eta) for a, b in zip(sizes, sizes[1:]))
+
+
+def test_trend_verdict_by_hand():
+    # slope of (1, 0.1), (2, 0.3), (3, 0.2): x mean 2, y mean 0.2, sum (x - 2)(y - 0.2) = 0.1 + 0 + 0 = 0.1, sxx = 2
+    assert math.isclose(trend_slope([(1, 0.1), (2, 0.3), (3, 0.2)]), 0.05)
+    assert trend_slope([(4, 1.0)]) == 0.0 and trend_slope([(2, 1.0), (2, 3.0)]) == 0.0
+    rising = [(1, 0.0), (2, 0.1), (3, 0.2), (4, 0.3)]
+    assert trend_verdict(rising, window=3, min_slope=0.0, drop=0.5, goal="max") is None
+    assert trend_verdict(rising, window=3, min_slope=0.1, drop=0.5, goal="max") == "flat: slope 0.1/step over 3 steps"
+    assert trend_verdict(rising, window=5, min_slope=0.1, drop=0.5, goal="max") is None  # too few points
+    assert trend_verdict(rising, window=3, min_slope=0.0, drop=0.5, goal="min") == "flat: slope 0.1/step over 3 steps"
+    # the last 3 of 0.9, 0.8, 0.2 (steps 2-4): best 0.9, latest 0.2, fell 0.7 > 0.5
+    fell = [(1, 0.0), (2, 0.9), (3, 0.8), (4, 0.2)]
+    assert trend_verdict(fell, window=3, min_slope=-1.0, drop=0.5, goal="max") == "collapsing: 0.7 below the window's best"
+    assert trend_verdict(fell, window=3, min_slope=-1.0, drop=0.75, goal="max") is None  # slope -0.35 > -1
+    # for a metric that should go down (a loss), a rise is the collapse
+    loss = [(1, 2.0), (2, 1.0), (3, 1.8)]
+    assert trend_verdict(loss, window=3, min_slope=-1.0, drop=0.5, goal="min") == "collapsing: 0.8 below the window's best"

@@ -16,7 +16,9 @@ import pytest
 
 from upslope.cli import main
 from upslope.config import load_config
-from upslope.sweep.runner import read_metric
+from upslope.errors import ConfigError
+from upslope.sweep.runner import Sweep, read_metric, read_series
+from upslope.sweep.spec import spec_from_args
 
 TOY = Path(__file__).resolve().parents[1] / "fixtures" / "toy_rewards.py"
 
@@ -30,6 +32,32 @@ def test_read_metric_by_hand(tmp_path):
     assert read_metric(path, "eval/accuracy", 1)[0] == 0.5
     assert read_metric(path, "eval/accuracy", 2)[0] is None  # an evaluation counts only at its own step
     assert read_metric(path, "loss", 3)[0] is None and read_metric(tmp_path / "none.jsonl", "loss", 1) == (None, [])
+
+
+def test_trend_stops_promoted_trials_whose_training_metric_is_flat_or_collapsing(tiny_model_path, tmp_path):
+    """Three trials' reward/mean written by hand; the rung keeps the best two by eval/mean_reward, then the
+    trend drops t002 (collapsing) and, in a second sweep, all of them (the rung's best goes on alone)."""
+    out = tmp_path / "sweep"
+    flags = {"space": {"optim.lr": [1e-3, 2e-3, 3e-3]}, "budget": 3, "rungs": [4, 8], "eta": 2,
+             "metric": "eval/mean_reward", "out": str(out), "trend_metric": "reward/mean", "trend_window": 3,
+             "trend_drop": 0.3}
+    sweep = Sweep(spec_from_args(None, flags, tiny(tiny_model_path)), say=lambda _: None)
+    by_id = {t.id: t for t in sweep.trials}
+    series = {"t000": [0.1, 0.2, 0.3, 0.4], "t001": [0.1, 0.5, 0.5, 0.5], "t002": [0.2, 0.8, 0.6, 0.4]}
+    for tid, values in series.items():
+        (out / "trials" / tid).mkdir(parents=True)
+        (out / "trials" / tid / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "reward/mean": v}) + "\n" for i, v in enumerate(values)))
+        by_id[tid].scores["4"] = {"t000": 0.2, "t001": 0.1, "t002": 0.9}[tid]
+    assert read_series(out / "trials" / "t002" / "metrics.jsonl", "reward/mean", 3)[0] == [(1, 0.2), (2, 0.8), (3, 0.6)]
+    # promoted by the rung metric: t002 (0.9) and t000 (0.2); t002 fell 0.8 -> 0.4 (0.4 > 0.3), t000 rises 0.1/step
+    assert sweep.by_trend(["t000", "t002"], by_id, 4) == ["t000"]
+    assert by_id["t002"].trend == "collapsing: 0.4 below the window's best" and by_id["t000"].trend is None
+    # t001 is flat (slope 0 over steps 2-4); with t002 collapsing, the rung's best of the two goes on alone
+    assert sweep.by_trend(["t001", "t002"], by_id, 4) == ["t002"] and by_id["t002"].trend is None
+    assert by_id["t001"].trend == "flat: slope 0/step over 3 steps"
+    with pytest.raises(ConfigError, match="--trend-metric reward/mean: trial t000 logged no such metric up to step 0"):
+        sweep.by_trend(["t000"], by_id, 0)
 
 
 def tiny(tiny_model_path: str) -> list[str]:

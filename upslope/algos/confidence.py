@@ -13,7 +13,7 @@ from torch import Tensor
 from upslope.algos.common import broadcast_to_tokens, group_moments, group_normalize, masked_mean
 from upslope.algos.credit import grpo_per_sample
 from upslope.batch import Batch
-from upslope.bounds import NonNegative
+from upslope.bounds import NonNegative, PositiveCount
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
@@ -60,28 +60,46 @@ def consteer(batch: Batch, *, beta: NonNegative = 0.5, threshold: float = 0.5,
     return broadcast_to_tokens(per_sample.float(), batch.loss_mask)
 
 
-@ADVANTAGES.register("ispo", grouped=True)
-def ispo(batch: Batch, *, beta: NonNegative = 0.5, tau: Annotated[float, Field(ge=0, lt=1)] = 0.9,
-         threshold: float = 0.5) -> Tensor:
-    """ISPO (Chen et al. 2026), token part: GRPO minus beta x max(0, p_t - tau) on the tokens of wrong rollouts.
+@ADVANTAGES.register("ispo", grouped=True, features="answer_gain")
+def ispo(batch: Batch, features: Tensor | None = None, *, beta: NonNegative = 0.5,
+         tau: Annotated[float, Field(ge=0, lt=1)] = 0.9, threshold: float = 0.5, seq_coef: NonNegative = 0.5,
+         answer_tokens: PositiveCount = 4) -> Tensor:
+    """ISPO (Chen et al. 2026): GRPO plus seq_coef x the reasoning's informativeness (centred in its group), minus
+    beta x max(0, p_t - tau) on the tokens of wrong rollouts.
 
-    beta: weight of the hallucinated-certainty hinge (>= 0; 0 is GRPO)
+    beta: weight of the hallucinated-certainty hinge (>= 0; 0: no hinge)
     tau: probability above which a token of a wrong rollout counts as confidently wrong (0..1)
     threshold: a reward >= this counts as correct
+    seq_coef: weight of the sequence-level informativeness signal (>= 0; 0: the token part alone)
+    answer_tokens: a rollout's answer is its last this many trained tokens; the tokens before it are its reasoning
 
-    The hinge is dense: a wrong rollout in an all-wrong group still gets a gradient away from its
-    confident tokens. ISPO's sequence-level informativeness signal (how much the reasoning raises the
-    answer's probability) needs a second forward without the reasoning, and our task's replies are
-    the answer alone, so it is not implemented; which tokens are "critical decisions" is open in the
-    abstract, and we apply the hinge to every token above tau.
+    Informativeness (`features`, the RL trainer's `answer_gain` pass: two no-grad forwards of the policy) is
+    the mean log-prob of the answer after the prompt and the reasoning minus after the prompt alone; a
+    rollout with no reasoning has 0. It is added to the GRPO advantage centred in the group and not divided
+    by a std (our choice: a group whose outcomes tie gets the signal at its own scale, not blown up), so a
+    tied group still learns which reasoning supported its answer. The hinge is dense: a wrong rollout in an
+    all-wrong group still gets a gradient away from its confident tokens; which tokens are "critical
+    decisions" is open in the abstract, and we apply it to every token above tau. Without `features`
+    (called outside the trainer) the sequence part is left out.
     """
-    if beta < 0 or not 0 <= tau < 1:
-        raise ConfigError(f"ispo needs beta >= 0 and 0 <= tau < 1 (got {beta}, {tau})")
+    if beta < 0 or not 0 <= tau < 1 or seq_coef < 0:
+        raise ConfigError(f"ispo needs beta >= 0, 0 <= tau < 1 and seq_coef >= 0 (got {beta}, {tau}, {seq_coef})")
     wrong = 1 - _correct(batch, threshold, "ispo")
     p = batch.sampler_logprobs.to(torch.float64).exp()
     hinge = (p - tau).clamp(min=0) * wrong[:, None] * (batch.loss_mask > 0)
-    adv = broadcast_to_tokens(grpo_per_sample(batch, "ispo"), batch.loss_mask).to(torch.float64)
+    per_sample = grpo_per_sample(batch, "ispo").to(torch.float64)
+    if features is not None and seq_coef:
+        if features.shape[0] != batch.size:
+            raise ConfigError(f"advantage 'ispo': {features.shape[0]} informativeness values for {batch.size} rollouts")
+        gain = features[:, 0].to(torch.float64)
+        per_sample = per_sample + seq_coef * group_normalize(gain, batch.group_ids, scale_by_std=False).to(torch.float64)
+    adv = broadcast_to_tokens(per_sample, batch.loss_mask).to(torch.float64)
     return (adv - beta * hinge).float()
+
+
+def learnable_value(p: Tensor, c: Tensor) -> Tensor:
+    """CoDaPO's question value in [0, 1]: 4p(1 - p)(1 - c), p a pass rate and c a mean rollout confidence."""
+    return 4 * p * (1 - p) * (1 - c)
 
 
 def codapo_weights(batch: Batch, *, w_min: float, w_max: float, threshold: float) -> Tensor:
@@ -89,7 +107,7 @@ def codapo_weights(batch: Batch, *, w_min: float, w_max: float, threshold: float
     rate and c its mean rollout confidence."""
     p = group_moments(_correct(batch, threshold, "codapo"), batch.group_ids)[0]
     c = group_moments(sequence_confidence(batch), batch.group_ids)[0]
-    return w_min + (w_max - w_min) * 4 * p * (1 - p) * (1 - c)
+    return w_min + (w_max - w_min) * learnable_value(p, c)
 
 
 @ADVANTAGES.register("codapo", grouped=True)
@@ -102,7 +120,7 @@ def codapo(batch: Batch, *, w_min: NonNegative = 0.5, w_max: NonNegative = 2.0, 
 
     The value 4p(1 - p)(1 - c) (learnable band x room left by confidence inflation) is our choice;
     the abstract gives only its inputs and that it is bounded. CoDaPO's resampling of high-value
-    questions within mini-batches is not implemented here (a sampler's job: see CERO).
+    questions is the sampler `codapo` (upslope.data.samplers), by the same value.
     """
     if not 0 <= w_min <= w_max:
         raise ConfigError(f"codapo needs 0 <= w_min <= w_max (got {w_min}, {w_max})")

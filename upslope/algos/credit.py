@@ -8,6 +8,8 @@ at that position (E[-log p] = H). The exact entropy exists only inside the learn
 the advantage is fixed. A group whose rewards tie keeps advantage exactly 0 in every estimator here but
 BALTO's, whose label term is its own signal.
 """
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -111,21 +113,40 @@ def jaccard_similarity(batch: Batch) -> Tensor:
     return sim
 
 
+RM_STATE = "reward_model_state"  # what the reward_model reward writes to each sample's meta with keep_states
+
+
+def state_similarity(batch: Batch) -> Tensor:
+    """[N, N] cosine similarity of the rows' reward-model hidden states (meta['reward_model_state']), negative
+    similarities as 0, 0 across groups and on the diagonal."""
+    h = torch.stack([torch.as_tensor(m[RM_STATE], dtype=torch.float64) for m in batch.meta])
+    h = h / h.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    same = batch.group_ids[:, None] == batch.group_ids[None, :]
+    sim = (h @ h.T).clamp(min=0) * same * (1 - torch.eye(batch.size, dtype=torch.float64))
+    return sim
+
+
 @ADVANTAGES.register("graphae", grouped=True)
-def graphae(batch: Batch, *, lam: Fraction = 0.5) -> Tensor:
+def graphae(batch: Batch, *, lam: Fraction = 0.5, edges: Literal["auto", "reward_model", "jaccard"] = "auto") -> Tensor:
     """GraphAE (Li et al. 2026): each GRPO advantage mixed with its group neighbours', weighted by response similarity.
 
     lam: weight of the neighbours' similarity-weighted mean advantage (0: GRPO; 1: only the neighbours)
+    edges: reward_model (cosine of the reward model's hidden states), jaccard (of the replies' token-id sets), auto (reward_model when every sample has its state, else jaccard)
 
-    The paper's edges are similarities of reward-model hidden states; with a verifier there is no
-    reward model, so we use the Jaccard similarity of the responses' token-id sets. One propagation
-    step: A'_i = (1 - lam) A_i + lam sum_j W_ij A_j / sum_j W_ij; a rollout with no similar neighbour
-    keeps A_i.
+    The paper's edges are similarities in the reward model's hidden space: the `reward_model` reward with
+    `keep_states: true` keeps, per sample, the last hidden state its head reads, and the edge is their
+    cosine similarity (negative as no edge; our choice of measure). With a verifier there is no reward
+    model, and the edge is the Jaccard similarity of the replies' token-id sets. One propagation step:
+    A'_i = (1 - lam) A_i + lam sum_j W_ij A_j / sum_j W_ij; a rollout with no similar neighbour keeps A_i.
     """
     if not 0 <= lam <= 1:
         raise ConfigError(f"graphae lam must be in [0, 1] (got {lam})")
     a = grpo_per_sample(batch, "graphae")
-    w = jaccard_similarity(batch)
+    have = batch.size > 0 and all(RM_STATE in m for m in batch.meta)
+    if edges == "reward_model" and not have:
+        raise ConfigError("graphae edges=reward_model: the samples carry no reward-model states; give the "
+                          "reward_model reward keep_states: true")
+    w = state_similarity(batch) if have and edges != "jaccard" else jaccard_similarity(batch)
     deg = w.sum(dim=1)
     neighbours = torch.where(deg > 0, (w @ a) / deg.clamp(min=1e-300), a)
     return broadcast_to_tokens(((1 - lam) * a + lam * neighbours).float(), batch.loss_mask)

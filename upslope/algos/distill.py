@@ -12,14 +12,15 @@ every top-k quantity below is the exact full-vocabulary one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
 from upslope.algos.common import MAX_LOG_RATIO, clamp_log_ratio, masked_mean
-from upslope.bounds import NonNegative
+from upslope.bounds import Fraction, NonNegative, Positive
 from upslope.errors import ConfigError
 from upslope.registry import DISTILL_LOSSES
 
@@ -150,34 +151,106 @@ def distill_metrics(x: DistillInputs) -> dict[str, Tensor]:
     return out
 
 
+def arkd_signal(fkl: Tensor, rkl: Tensor, teacher_topk: Tensor, signal: str) -> Tensor:
+    """ARKD's per-token signal in [0, 1], detached: the teacher's normalised entropy H(p_t|S) / log k
+    ("teacher_entropy") or the forward KL's share FKL / (FKL + RKL) ("gap"; 1/2 where both are 0)."""
+    if signal == "teacher_entropy":
+        k = teacher_topk.shape[-1]
+        return (topk_teacher_entropy(teacher_topk) / torch.log(torch.tensor(float(max(k, 2))))).detach()
+    if signal == "gap":
+        f, r = fkl.detach().clamp(min=0), rkl.detach().clamp(min=0)
+        return torch.where(f + r > 0, f / (f + r).clamp(min=1e-12), torch.full_like(f, 0.5))
+    raise ConfigError(f"distill.loss.options.signal must be teacher_entropy or gap (got {signal!r})")
+
+
 @DISTILL_LOSSES.register("arkd")
-def arkd(x: DistillInputs, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy",
-         floor: Annotated[float, Field(ge=0, le=0.5)] = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+class Arkd:
     """ARKD-style adaptive mix: w_t * KL(p_t|S || p_s) + (1 - w_t) * KL(p_s|S || p_t|S), with a per-token weight w_t.
 
-    signal: what sets the forward-KL weight: "teacher_entropy" (H(p_t|S) / log k) or "gap" (FKL / (FKL + RKL))
+    signal: what the weight reads: "teacher_entropy" (H(p_t|S) / log k) or "gap" (FKL / (FKL + RKL))
     floor: the weight is kept in [floor, 1 - floor] so neither divergence is switched off (0..0.5)
+    weighting: rule (w = the signal) or learned (w = sigmoid(a + b x signal), (a, b) fit online by an RL signal)
+    init_a: the learned weighting's starting a (with init_b: -2, 4 is close to the rule)
+    init_b: the learned weighting's starting b
+    lr: step size of the learned weighting's update (> 0)
+    sigma: std of the exploration noise on (a, b) each step (> 0)
+    baseline_decay: decay of the running mean reward the update subtracts (0..1)
+    seed: seed of the exploration noise
 
-    Forward KL covers the teacher's tail, reverse KL fits its main mode (Liu et al. 2026).
-    ARKD learns the weights with an RL policy network rewarded per step; here a fixed rule
-    stands in for it (our choice, no extra network): a flat teacher distribution (high
-    normalised entropy) leans on forward KL, a peaked one on reverse KL; "gap" leans on the
-    divergence that is larger now. The weight is detached; both terms are over the teacher's top-k.
+    Forward KL covers the teacher's tail, reverse KL fits its main mode (Liu et al. 2026). ARKD sets the
+    weights with a policy network rewarded per step. `learned` is a two-parameter logistic policy on the
+    signal, fit by evolution-strategies REINFORCE (our choice of network and estimator): each step runs
+    with (a, b) + eps, eps ~ N(0, sigma^2); its reward is the drop of the student's top-k FKL + RKL from
+    that step to the next (both measured on the step's samples before its update); then
+    (a, b) += lr x (reward - running mean reward) x eps / sigma^2. The weight is detached; both terms are
+    over the teacher's top-k.
     """
-    if not 0 <= floor <= 0.5:
-        raise ConfigError(f"distill.loss.options.floor must be in [0, 0.5] (got {floor})")
-    s, t = x.topk("arkd")
-    t = t.detach()
-    fkl = topk_forward_ce(s, t) - topk_teacher_entropy(t)
-    rkl = topk_reverse_kl(s, t)
-    if signal == "teacher_entropy":
-        k = t.shape[-1]
-        w = topk_teacher_entropy(t) / torch.log(torch.tensor(float(max(k, 2))))
-    elif signal == "gap":
-        f, r = fkl.detach().clamp(min=0), rkl.detach().clamp(min=0)
-        w = torch.where(f + r > 0, f / (f + r).clamp(min=1e-12), torch.full_like(f, 0.5))
-    else:
-        raise ConfigError(f"distill.loss.options.signal must be teacher_entropy or gap (got {signal!r})")
-    w = w.detach().clamp(floor, 1 - floor)
-    loss = _zero_off(w * fkl + (1 - w) * rkl, x.mask)
-    return loss, {"distill/arkd_fkl_weight": masked_mean(w, x.mask)}
+
+    def __init__(self, *, signal: Literal["teacher_entropy", "gap"] = "teacher_entropy",
+                 floor: Annotated[float, Field(ge=0, le=0.5)] = 0.1, weighting: Literal["rule", "learned"] = "rule",
+                 init_a: float = -2.0, init_b: float = 4.0, lr: Positive = 1.0, sigma: Positive = 0.5,
+                 baseline_decay: Fraction = 0.9, seed: int = 0):
+        if not 0 <= floor <= 0.5:
+            raise ConfigError(f"distill.loss.options.floor must be in [0, 0.5] (got {floor})")
+        if lr <= 0 or sigma <= 0:
+            raise ConfigError(f"distill.loss.options: lr and sigma must be > 0 (got {lr}, {sigma})")
+        self.signal, self.floor, self.learned = signal, floor, weighting == "learned"
+        self.lr, self.sigma, self.decay, self.seed = lr, sigma, baseline_decay, seed
+        self.theta = torch.tensor([init_a, init_b], dtype=torch.float64)
+        self.baseline, self.steps = 0.0, 0
+        self.pending: Tensor | None = None  # the last step's noise, waiting for its reward
+        self.last: float | None = None  # the divergence measured at the last step
+        self.noise = self.draw()
+
+    def draw(self) -> Tensor:
+        """This step's exploration noise on (a, b), seeded by `seed` and the steps done (zero for `rule`)."""
+        if not self.learned:
+            return torch.zeros(2, dtype=torch.float64)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.steps)
+        return torch.randn(2, generator=gen, dtype=torch.float64) * self.sigma
+
+    def weight(self, u: Tensor) -> Tensor:
+        """The forward-KL weight of signal values `u`, kept in [floor, 1 - floor]."""
+        if self.learned:
+            a, b = (self.theta + self.noise).tolist()
+            u = torch.sigmoid(a + b * u)
+        return u.detach().clamp(self.floor, 1 - self.floor)
+
+    def __call__(self, x: DistillInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        s, t = x.topk("arkd")
+        t = t.detach()
+        fkl = topk_forward_ce(s, t) - topk_teacher_entropy(t)
+        rkl = topk_reverse_kl(s, t)
+        w = self.weight(arkd_signal(fkl, rkl, t, self.signal))
+        loss = _zero_off(w * fkl + (1 - w) * rkl, x.mask)
+        return loss, {"distill/arkd_fkl_weight": masked_mean(w, x.mask)}
+
+    def after_update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Once per step, given its metrics: the learned weighting's update from the last step's reward."""
+        if not self.learned:
+            return {}
+        d = float(metrics.get("distill/fkl_topk", math.nan)) + float(metrics.get("distill/rkl_topk", math.nan))
+        out: dict[str, float] = {}
+        if self.pending is not None and self.last is not None and math.isfinite(d):
+            reward = self.last - d
+            self.theta = self.theta + self.lr * (reward - self.baseline) * self.pending / self.sigma ** 2
+            self.baseline = self.decay * self.baseline + (1 - self.decay) * reward
+            out["distill/arkd_reward"] = reward
+        self.pending, self.last = self.noise, (d if math.isfinite(d) else None)
+        self.steps += 1
+        self.noise = self.draw()
+        out["distill/arkd_a"], out["distill/arkd_b"] = self.theta.tolist()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learned weighting's state ({} for `rule`, which keeps none)."""
+        if not self.learned:
+            return {}
+        return {"theta": self.theta.tolist(), "baseline": self.baseline, "steps": self.steps, "last": self.last,
+                "pending": None if self.pending is None else self.pending.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.theta = torch.tensor(state["theta"], dtype=torch.float64)
+        self.baseline, self.steps, self.last = float(state["baseline"]), int(state["steps"]), state["last"]
+        self.pending = None if state["pending"] is None else torch.tensor(state["pending"], dtype=torch.float64)
+        self.noise = self.draw()

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from upslope.algos.replay import ReplayBuffer
 from upslope.batch import Batch, concat
-from upslope.bounds import NonNegative, PositiveCount
+from upslope.bounds import Fraction, NonNegative, PositiveCount
 from upslope.registry import FILTERS, REPLAY
 
 
@@ -50,6 +50,17 @@ def darts(batch: Batch, *, keep: PositiveCount = 8, length_coef: NonNegative = 1
     return kept
 
 
+def rhythm_gate(batch: Batch, share: float, floor: float) -> Tensor:
+    """[N, L] token weights: in each row the ceil(share x its trained tokens) most surprising trained tokens under
+    the sampler (highest -log p; ties: the earlier token) weigh 1, its other trained tokens `floor`, the rest 0."""
+    trained = batch.loss_mask > 0
+    surprise = torch.where(trained, -batch.sampler_logprobs.float(), torch.full_like(batch.sampler_logprobs, -torch.inf))
+    order = torch.sort(surprise, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
+    top = torch.ceil(share * trained.sum(1, keepdim=True)).long()
+    return torch.where(trained, torch.where(rank < top, 1.0, floor), 0.0)
+
+
 @REPLAY.register("drift")
 class DriftRouting(ReplayBuffer):
     """DRIFT: route each problem by its learning state. A group with mixed rewards trains by RL (as is), and
@@ -62,14 +73,25 @@ class DriftRouting(ReplayBuffer):
     capacity: most problems in the success buffer (the oldest successes are dropped first)
     per_problem: successes kept per problem (the latest)
 
-    Rhythm gating (token-level exploration gates) and the two-stage curriculum of the paper are not
-    implemented; a success stays in the buffer after replay (high-quality history is kept).
+    gate_share: rhythm gating: share of each RL row's trained tokens, its most surprising under the sampler, that
+    keep their full advantage (1: every token, no gating)
+    gate_floor: weight of an RL row's other trained tokens' advantage (0: only the gated tokens learn)
+    gate_from_step: the second stage of the curriculum starts here: gating applies from this step (1: always)
+
+    Rhythm gating concentrates the RL update on critical positions; the abstract does not say how they
+    are found, and we take the tokens the sampler found least likely (highest surprisal, no extra
+    forward; the replayed successes are not gated). The two-stage curriculum is our reading of
+    "from reliable behavior acquisition toward stable policy evolution": every token learns until
+    `gate_from_step`, gated exploration after. A success stays in the buffer after replay (high-quality
+    history is kept).
     """
 
     def __init__(self, *, distill_weight: NonNegative = 1.0, capacity: PositiveCount = 256,
-                 per_problem: PositiveCount = 1):
+                 per_problem: PositiveCount = 1, gate_share: Fraction = 1.0, gate_floor: Fraction = 0.0,
+                 gate_from_step: PositiveCount = 1):
         super().__init__()
         self.weight, self.capacity, self.per_problem = distill_weight, capacity, per_problem
+        self.gate_share, self.gate_floor, self.gate_from = gate_share, gate_floor, gate_from_step
 
     def mix(self, batch: Batch, step: int, pad_id: int) -> tuple[Batch, dict[str, float]]:
         assert batch.rewards is not None
@@ -82,6 +104,9 @@ class DriftRouting(ReplayBuffer):
                 hard.add(batch.meta[int(rows[0])].get("example_id"))
             elif n_right < len(rows):
                 solved += rows[right[rows]].tolist()
+        if self.gate_share < 1 and step >= self.gate_from and batch.advantages is not None:
+            gate = rhythm_gate(batch, self.gate_share, self.gate_floor)
+            batch = replace(batch, advantages=batch.advantages * gate.to(batch.advantages.dtype))
         out, metrics = batch, {"drift/hard_groups": float(len(hard))}
         stored = [m.get("example_id") for m in self.rows.meta] if self.rows is not None and len(self) else []
         pick = torch.tensor([i for i, e in enumerate(stored) if e in hard], dtype=torch.long)

@@ -13,7 +13,9 @@ prompt drawn k times in a step sampled as one group of k x rollout.n rollouts.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 
@@ -187,22 +189,66 @@ def cluster_labels(examples: Sequence[Example] | None, key: str, num_prompts: in
     return torch.tensor([index[str(ex.meta[key])] for ex in examples], dtype=torch.long)
 
 
-@SAMPLERS.register("boundary_aware")
+GUIDED = "boundary_guided_of"  # meta key of a guided copy: the index of the training prompt it guides
+
+
+def hinted(ex: Example, text: str) -> Example:
+    """A copy of `ex` whose last user turn ends with `text`."""
+    if isinstance(ex.prompt, str):
+        return replace(ex, prompt=ex.prompt + text)
+    msgs = [dict(m) for m in ex.prompt]
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise ConfigError(f"data.sampler boundary_aware guidance: example {ex.id or '?'} has no user turn to hint in")
+    msgs[last]["content"] = str(msgs[last]["content"]) + text
+    return replace(ex, prompt=msgs)
+
+
+def guided_copies(examples: Sequence[Example], data: DataConfig, *, guidance: str = "none", hint_share: float = 0.5,
+                  hint: str = " (Hint: the answer begins with {prefix}.)", **_: Any) -> list[Example]:
+    """With guidance `answer_prefix`, a copy of every training prompt hinted with the first hint_share of its
+    reference answer's characters (at least one); none otherwise."""
+    if guidance == "none":
+        return []
+    if "{prefix}" not in hint:
+        raise ConfigError(f"data.sampler.options.hint: must contain {{prefix}} (got {hint!r})")
+    out = []
+    for i, ex in enumerate(examples):
+        if ex.answer is None:
+            raise ConfigError(f"data.sampler boundary_aware guidance: example {ex.id or i} has no reference answer")
+        ref = str(ex.answer)
+        prefix = ref[:max(1, math.ceil(hint_share * len(ref)))]
+        meta = {**ex.meta, GUIDED: i, "metrics": {**ex.meta.get("metrics", {}), "boundary/guided": 1.0}}
+        out.append(replace(hinted(ex, hint.format(prefix=prefix)), meta=meta, id=f"{ex.id}-guided" if ex.id else ""))
+    return out
+
+
+@SAMPLERS.register("boundary_aware", extend=guided_copies)
 class BoundaryAwareSampler(OutcomeSampler):
     """Boundary-aware curriculum: first locate the capability boundary (uniform draws for
     locate_steps, each group's pass@n recorded), then consolidate: draw `share` of each batch
     from prompts solved at least once (pass@n > 0) but below `consolidate_below` pass rate.
-    The paper's teacher guidance on prompts beyond the boundary is not part of this sampler.
+    With guidance, teacher guidance for prompts beyond the boundary: once located, a drawn prompt
+    that was sampled and never solved is served as its guided copy (a training prompt the sampler
+    adds: the prompt with a hint of the first hint_share of its reference answer); the guided
+    copies' outcomes do not count toward the boundary (it is the unguided policy's).
 
     threshold: a sample succeeds when its reward is at least this
     locate_steps: steps of uniform draws that locate the boundary before consolidating
     consolidate_below: prompts with a pass rate below this (and above 0) are consolidated
     share: fraction of each consolidation batch drawn from those prompts
+    guidance: none, or answer_prefix (prompts beyond the boundary get a hint from their reference answer)
+    hint_share: share of the reference answer's characters the hint gives (at least one character)
+    hint: text appended to the prompt's last user turn; {prefix} is the answer's first characters
     """
 
-    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
-                 locate_steps: Count = 5, consolidate_below: Fraction = 0.75, share: Fraction = 0.75):
-        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, examples: Sequence[Example] = (), *,
+                 threshold: float = 0.5, locate_steps: Count = 5, consolidate_below: Fraction = 0.75,
+                 share: Fraction = 0.75, guidance: Literal["none", "answer_prefix"] = "none",
+                 hint_share: Fraction = 0.5, hint: str = " (Hint: the answer begins with {prefix}.)"):
+        # guidance, hint_share and hint shape the guided copies, added at set-up (`guided_copies`); here: where they are
+        self.guided_of = {int(ex.meta[GUIDED]): i for i, ex in enumerate(examples) if GUIDED in ex.meta}
+        super().__init__(num_prompts - len(self.guided_of), seed, shuffle, threshold=threshold)
         self.locate_steps, self.below, self.share = locate_steps, consolidate_below, share
 
     def pool_share(self) -> float:
@@ -211,6 +257,80 @@ class BoundaryAwareSampler(OutcomeSampler):
     def pool(self) -> torch.Tensor:
         rate = self.pass_rate().nan_to_num(0.0)
         return (self.successes > 0) & (rate < self.below)
+
+    def next(self, count: int) -> list[int]:
+        """The consolidation draw, each prompt beyond the located boundary replaced by its guided copy."""
+        out = super().next(count)
+        if not self.guided_of or self.draws <= self.locate_steps:
+            return out
+        beyond = (self.trials > 0) & (self.successes == 0)
+        return [self.guided_of[i] if bool(beyond[i]) and i in self.guided_of else i for i in out]
+
+    def update(self, indices: list[int], rewards: torch.Tensor, group_ids: torch.Tensor) -> None:
+        """The counts of the unguided prompts' groups (a guided copy's outcome is not the policy's own)."""
+        own = [g for g, i in enumerate(indices) if i < self.num_prompts]
+        if len(own) < len(indices):
+            rows = torch.isin(group_ids, torch.tensor(own, dtype=group_ids.dtype))
+            remap = {g: k for k, g in enumerate(own)}
+            indices = [indices[g] for g in own]
+            rewards = rewards[rows]
+            group_ids = torch.tensor([remap[int(g)] for g in group_ids[rows]], dtype=torch.long)
+        super().update(indices, rewards, group_ids)
+
+
+@SAMPLERS.register("codapo", confidence=True)
+class CodapoSampler(OutcomeSampler):
+    """CoDaPO's resampling: `share` of each batch re-draws seen questions, without replacement, with probability
+    proportional to their value 4p(1 - p)(1 - c) (the advantage `codapo`'s: p the pass rate and c the mean
+    rollout confidence of the question's rollouts at the step it was last sampled); the rest of the batch in
+    uniform order. A question of value 0 (all its rollouts right, or all wrong, or fully confident) is not
+    re-drawn. The abstract resamples within mini-batches; here a question's value is known once its rollouts
+    are scored, so the re-draws fill the following steps' fixed prompt budget.
+
+    threshold: a sample succeeds when its reward is at least this
+    share: fraction of each batch re-drawn from the seen questions by value (0: uniform)
+    """
+
+    def __init__(self, num_prompts: int, seed: int = 0, shuffle: bool = True, *, threshold: float = 0.5,
+                 share: Fraction = 0.25):
+        super().__init__(num_prompts, seed, shuffle, threshold=threshold)
+        self.share = share
+        self.value = torch.zeros(num_prompts, dtype=torch.float64)
+
+    def update(self, indices: list[int], rewards: torch.Tensor, group_ids: torch.Tensor,
+               confidence: torch.Tensor | None = None) -> None:
+        """The counts, and each prompt sampled in this update gets the value of its samples here."""
+        from upslope.algos.confidence import learnable_value
+
+        super().update(indices, rewards, group_ids)
+        if confidence is None:
+            raise ConfigError("data.sampler codapo: its update needs each sample's confidence")
+        prompts = torch.tensor(indices, dtype=torch.long)[group_ids.long()]
+        n = torch.zeros(self.num_prompts, dtype=torch.float64).index_add_(0, prompts, torch.ones(len(prompts),
+                                                                                                dtype=torch.float64))
+        right = torch.zeros_like(n).index_add_(0, prompts, (rewards >= self.threshold).to(torch.float64))
+        conf = torch.zeros_like(n).index_add_(0, prompts, confidence.to(torch.float64))
+        seen = n > 0
+        self.value[seen] = learnable_value(right[seen] / n[seen], conf[seen] / n[seen])
+
+    def pool_share(self) -> float:
+        return self.share
+
+    def pool(self) -> torch.Tensor:
+        return self.value > 0
+
+    def pick(self, candidates: torch.Tensor, take: int, gen: torch.Generator) -> list[int]:
+        """`take` distinct pool prompts drawn with probability proportional to their value."""
+        if take == 0:
+            return []
+        return candidates[torch.multinomial(self.value[candidates], take, generator=gen)].tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "value": self.value.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.value = state["value"].clone()
 
 
 @SAMPLERS.register("cero")

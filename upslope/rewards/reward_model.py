@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from upslope.algos.credit import RM_STATE
 from upslope.bounds import PositiveCount
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import REWARDS
@@ -93,12 +94,13 @@ class RewardModelScorer:
 
     def score(self, prompts: Sequence[Any], completions: Sequence[str], *, system_prompt: str | None,
               use_chat_template: bool, micro_batch_tokens: int,
-              system_prompts: Sequence[str | None] | None = None) -> list[float]:
-        """Raw scores of each (prompt, completion); `system_prompts` gives each prompt its own system prompt
-        (a per-sample specification) instead of the one `system_prompt`."""
+              system_prompts: Sequence[str | None] | None = None) -> tuple[list[float], Any]:
+        """Raw scores of each (prompt, completion) and the [N, D] hidden states the head read (on the host);
+        `system_prompts` gives each prompt its own system prompt (a per-sample specification) instead of the
+        one `system_prompt`."""
         from upslope.batch import build_batch
         from upslope.data.pairs import encode_reply
-        from upslope.scalar_head import score_rows
+        from upslope.scalar_head import score_and_state_rows
 
         tok = self.tokenizer
         end = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
@@ -107,7 +109,8 @@ class RewardModelScorer:
         c_ids = [encode_reply(tok, c, end) for c in completions]
         batch = build_batch(p_ids, c_ids, [[0.0] * len(c) for c in c_ids], list(range(len(c_ids))),
                             [False] * len(c_ids), tok.pad_token_id)
-        return score_rows(self.model, batch, micro_batch_tokens, self.device).tolist()
+        scores, states = score_and_state_rows(self.model, batch, micro_batch_tokens, self.device)
+        return scores.tolist(), states
 
 
 def load_scorer(path: str, device: str = "auto", dtype: str = "float32") -> RewardModelScorer:
@@ -134,7 +137,7 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
                         normalize: Literal["none", "batch", "running"] = "none",
                         micro_batch_tokens: PositiveCount = 4096, device: str = "auto",
                         dtype: Literal["float32", "bfloat16"] = "float32", system_prompt: str | None = None,
-                        use_chat_template: bool = True, spec_field: str = "") -> list[float]:
+                        use_chat_template: bool = True, spec_field: str = "", keep_states: bool = False) -> list[float]:
     """A trained reward model's score of each completion after its prompt (batched, no gradient).
 
     path: an `upslope rm` checkpoint or HF sequence-classification model directory (the policy's tokenizer)
@@ -145,6 +148,7 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
     system_prompt: system prompt used when the reward model was trained (as data.system_prompt there)
     use_chat_template: wrap prompts with the chat template, as the reward model's training did
     spec_field: meta field holding each sample's written specification, given to the reward model as its system prompt (empty: system_prompt for all)
+    keep_states: write each sample's hidden state that the head read to meta['reward_model_state'] (GraphAE's edges)
 
     With `spec_field` the reward model is conditioned on a specification that may differ per
     example (CSRM's configurable reward model: what counts as acceptable is written in the data, and
@@ -168,6 +172,9 @@ def reward_model_reward(completions: list[str], answers: list[Any], metas: list[
             raise UpslopeError(f"reward_model: spec_field={spec_field}: sample {missing[0]} has no text in that field "
                                f"(each example needs its specification)")
         systems = [m[spec_field] for m in metas]
-    raw = scorer.score(prompts, completions, system_prompt=system_prompt, use_chat_template=use_chat_template,
-                       micro_batch_tokens=micro_batch_tokens, system_prompts=systems)
+    raw, states = scorer.score(prompts, completions, system_prompt=system_prompt, use_chat_template=use_chat_template,
+                               micro_batch_tokens=micro_batch_tokens, system_prompts=systems)
+    if keep_states:  # the sample's own meta: advantages read it from the batch (upslope.algos.credit.graphae)
+        for m, h in zip(metas, states):
+            m[RM_STATE] = h.clone()
     return normalize_scores(raw, normalize, scorer.stats.setdefault(normalize, RunningStats()))

@@ -93,9 +93,9 @@ def check_metric(metric: str, cfg: Config) -> None:
                       f"it logs eval/{', eval/'.join(known)}")
 
 
-def metric_missing(metric: str, logged: list[str], trial: str, step: int) -> ConfigError:
-    """The error for a metric a finished trial did not log."""
+def metric_missing(metric: str, logged: list[str], trial: str, step: int, flag: str = "metric") -> ConfigError:
+    """The error for a metric (of the setting `flag`) a finished trial did not log."""
     near = difflib.get_close_matches(metric, logged, n=1)
     hint = f" (did you mean '{near[0]}'?)" if near else ""
-    return ConfigError(f"upslope sweep --metric {metric}: trial {trial} logged no such metric up to step {step}"
+    return ConfigError(f"upslope sweep --{flag.replace('_', '-')} {metric}: trial {trial} logged no such metric up to step {step}"
                        f"{hint}; it logged {', '.join(sorted(logged)) or 'nothing'}")

@@ -55,3 +55,33 @@ def promoted(scores: Mapping[str, float | None], keep: int, goal: str) -> list[s
 def steps_trained(rungs: Sequence[int], reached: Sequence[int]) -> int:
     """Steps a sweep trains when trial i reaches rung index reached[i] (-1: none), each rung resuming the last."""
     return sum(rungs[r] for r in reached if r >= 0)
+
+
+def trend_slope(points: Sequence[tuple[int, float]]) -> float:
+    """Least-squares slope per step of (step, value) points (0 with fewer than two distinct steps)."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [float(s) for s, _ in points], [v for _, v in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+
+
+def trend_verdict(points: Sequence[tuple[int, float]], *, window: int, min_slope: float, drop: float,
+                  goal: str) -> str | None:
+    """Why a trial's training metric says stop, read from its last `window` (step, value) points: `collapsing`
+    when the latest value is worse than the window's best by more than `drop`, `flat` when the least-squares
+    slope per step (in the goal's direction: up for max) is at or below `min_slope`; None: it is still
+    improving, or it has fewer than `window` points (too few to read a trend from)."""
+    if len(points) < window:
+        return None
+    last = points[-window:]
+    sign = 1.0 if goal == "max" else -1.0
+    values = [sign * v for _, v in last]
+    fall = max(values) - values[-1]
+    if fall > drop:
+        return f"collapsing: {fall:.4g} below the window's best"
+    slope = sign * trend_slope(last)
+    if slope <= min_slope:
+        return f"flat: slope {sign * slope:.4g}/step over {window} steps"
+    return None

@@ -26,7 +26,7 @@ def status(trial: "Trial", rungs: Sequence[int], best: "Trial | None") -> str:
     if best is not None and trial.id == best.id:
         return "best"
     if trial.stopped:
-        return f"stopped after step {trial.stopped}"
+        return f"stopped after step {trial.stopped}" + (f" ({trial.trend})" if trial.trend else "")
     return "finished" if trial.reached == rungs[-1] else "pending"
 
 

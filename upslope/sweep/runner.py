@@ -19,7 +19,7 @@ from upslope import checkpoint as ckpt
 from upslope.errors import ConfigError, UpslopeError, one_line
 from upslope.sweep import report
 from upslope.sweep.check import base_overrides, check_space, lookup, metric_missing, point_overrides, trial_config
-from upslope.sweep.halving import promoted, ranked, rung_sizes, sample_points, steps_trained
+from upslope.sweep.halving import promoted, ranked, rung_sizes, sample_points, steps_trained, trend_verdict
 from upslope.sweep.spec import SweepSpec, yaml_value
 
 STATE = "sweep.json"
@@ -34,6 +34,7 @@ class Trial:
     scores: dict[str, float | None] = field(default_factory=dict)
     error: str | None = None
     stopped: int | None = None  # the rung step after which it was not promoted
+    trend: str | None = None  # why its training metric's trend stopped it (trend_metric), if it did
     seconds: float = 0.0
 
     @property
@@ -57,6 +58,21 @@ def read_metric(path: Path, key: str, step: int) -> tuple[float | None, list[str
             if key in rec and isinstance(rec[key], (int, float)) and (not key.startswith("eval/") or rec["step"] == step):
                 found = float(rec[key])
     return found, sorted(logged)
+
+
+def read_series(path: Path, key: str, step: int) -> tuple[list[tuple[int, float]], list[str]]:
+    """((step, value) of every record of `key` up to `step` in a metrics.jsonl, every key logged up to there)."""
+    points: list[tuple[int, float]] = []
+    logged: set[str] = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if int(rec.get("step", 0)) > step:
+                continue
+            logged.update(k for k in rec if k != "step")
+            if isinstance(rec.get(key), (int, float)):
+                points.append((int(rec["step"]), float(rec[key])))
+    return points, sorted(logged)
 
 
 def checkpoint_step(run_dir: Path) -> int:
@@ -140,7 +156,7 @@ class Sweep:
                 first = next((by_id[t].error for t in alive if by_id[t].error), "no score")
                 raise UpslopeError(f"upslope sweep: every trial at step {step} failed; the first: {first}")
             if r + 1 < len(self.rungs):
-                nxt = promoted(scores, sizes[r + 1], self.spec.goal)
+                nxt = self.by_trend(promoted(scores, sizes[r + 1], self.spec.goal), by_id, step)
                 for tid in alive:
                     if tid not in nxt:
                         self.stop(by_id[tid], step)
@@ -149,6 +165,30 @@ class Sweep:
             self.say(report.rung_line(self.spec, step, scores, alive if r + 1 < len(self.rungs) else []))
         best = by_id[ranked({t: by_id[t].scores.get(str(self.rungs[-1])) for t in alive}, self.spec.goal)[0]]
         return self.finish(best)
+
+    def by_trend(self, chosen: list[str], by_id: dict[str, Trial], step: int) -> list[str]:
+        """The promoted trials less those whose `trend_metric` is flat or collapsing at `step` (each one's
+        reason recorded); when that leaves none, the best by the rung metric goes on alone."""
+        spec = self.spec
+        if not spec.trend_metric:
+            return chosen
+        keep = []
+        for tid in chosen:
+            path = self.out / "trials" / tid / "metrics.jsonl"
+            points, logged = read_series(path, spec.trend_metric, step)
+            if not points:
+                raise metric_missing(spec.trend_metric, logged, tid, step, "trend_metric")
+            by_id[tid].trend = trend_verdict(points, window=spec.trend_window, min_slope=spec.trend_min_slope,
+                                             drop=spec.trend_drop, goal=spec.trend_goal)
+            if by_id[tid].trend is None:
+                keep.append(tid)
+        if not keep:
+            best = ranked({t: by_id[t].scores.get(str(step)) for t in chosen}, spec.goal)[0]
+            by_id[best].trend, keep = None, [best]
+        for tid in chosen:
+            if by_id[tid].trend:
+                self.say(f"{tid}: {spec.trend_metric} {by_id[tid].trend}; not promoted")
+        return keep
 
     def stop(self, trial: Trial, step: int) -> None:
         """Not promoted after `step`: its checkpoints go unless --keep-checkpoints (its metrics stay)."""

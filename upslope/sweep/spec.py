@@ -82,6 +82,15 @@ class SweepSpec(Section):
         None, "training steps a surviving trial has reached at each rung, increasing (default: one rung at "
               "the recipe's train.steps, i.e. no early stopping); CLI: --rungs 10,20,40")
     eta: int = opt(3, "keep the best 1/eta of the trials at each rung (at least one)", ge=2)
+    trend_metric: str | None = opt(None, "training metric whose trend stops a trial at a rung when flat or "
+                                         "collapsing (JF-HPO's training dynamics, e.g. reward/mean; default: off)")
+    trend_goal: Literal["max", "min"] = opt("max", "whether trend_metric improves upward (max) or downward (min)")
+    trend_window: int = opt(5, "logged values of trend_metric (the last ones up to the rung) its trend is read from",
+                            ge=2)
+    trend_min_slope: float = opt(0.0, "flat: the least-squares slope per step over the window, in trend_goal's "
+                                      "direction, is at or below this")
+    trend_drop: float = opt(0.5, "collapsing: the latest value is worse than the window's best by more than this "
+                                 "(in the metric's units)", ge=0)
     proxy: str | None = opt(None, "model.name of every trial: a small proxy of the recipe's model (JF-HPO); "
                                   "the best config is written for the recipe's own model")
     overrides: list[str] = opt([], "key=value overrides for every trial (CLI: given after the recipe)")

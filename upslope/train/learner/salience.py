@@ -1,7 +1,8 @@
 """Per-token salience from the policy's internals, for the salience-weighted advantages (FlowTracer,
 ARCA, GRAIL in upslope.algos.credit_salience): one extra pass of the batch before the advantage; and
-per-rollout features (`rollout_features`: the mean last-layer hidden state, or the state at every position) for
-the advantages that read the geometry of the rollouts (GEOALIGN in upslope.algos.geometry; Hista, PUM).
+per-rollout features (`rollout_features` of a FEATURES source) for the advantages that read them: the mean
+last-layer hidden state (GEOALIGN in upslope.algos.geometry), the state at every position (Hista, PUM) and how
+much a rollout's reasoning raises its answer's log-prob (ISPO in upslope.algos.confidence).
 
 Each returns [N, L] >= 0, aligned to tokens (the value at t is about choosing token t) and 0 off
 the trained tokens. The answer region is each row's last `answer_tokens` trained tokens.
@@ -128,20 +129,50 @@ def hidden_states(model: Any, mb: Batch) -> torch.Tensor:
     return h.last_hidden_state.float() * mb.attention_mask.unsqueeze(-1).float()
 
 
-FEATURES: dict[str, Callable[[Any, Batch], torch.Tensor]] = {"hidden_mean": hidden_mean,
-                                                               "hidden_states": hidden_states}
+def answer_logprob(model: Any, ids: torch.Tensor, attention: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """[n]: the mean log-prob of each row's `answer` tokens ([n, L] bool) given all before them; the LM head
+    runs only at the states that choose them."""
+    h = _body(model)(input_ids=ids, attention_mask=attention.long(), use_cache=False).last_hidden_state
+    rows, cols = torch.nonzero(answer[:, 1:], as_tuple=True)  # token cols + 1 is chosen by the state at cols
+    logits = model.get_output_embeddings()(h[rows, cols]).float()
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[rows, cols + 1, None]).squeeze(-1)
+    total = torch.zeros(ids.shape[0], device=ids.device).index_add_(0, rows, lp)
+    return total / answer[:, 1:].sum(1).clamp(min=1)
 
 
-def rollout_features(updater: Any, batch: Batch, source: str) -> torch.Tensor:
-    """[N, D] (or, for a per-position source, [N, L, D]) features of each rollout from `source`, in the
-    updater's micro-batches, on the CPU."""
-    fn, rows = FEATURES[source], []
+@torch.no_grad()
+def answer_gain(model: Any, mb: Batch, answer_tokens: int = 4) -> torch.Tensor:
+    """[n, 1]: how much a rollout's reasoning raises its answer's probability (ISPO's informativeness): the mean
+    log-prob of the answer (its last `answer_tokens` trained tokens) after the prompt and the reasoning, minus
+    after the prompt alone (a second forward with the reasoning cut out); 0 for a rollout with no reasoning."""
+    answer = answer_region(mb.loss_mask, answer_tokens)
+    with_reasoning = answer_logprob(model, mb.input_ids, mb.attention_mask, answer)
+    parts = [torch.cat([mb.input_ids[i, :int(mb.prompt_lens[i])], mb.input_ids[i][answer[i]]]) for i in range(mb.size)]
+    width = max(len(p) for p in parts)
+    ids = torch.zeros(mb.size, width, dtype=mb.input_ids.dtype, device=mb.input_ids.device)
+    attention = torch.zeros_like(ids)
+    cut = torch.zeros(mb.size, width, dtype=torch.bool, device=ids.device)
+    for i, (p, row) in enumerate(zip(mb.prompt_lens.tolist(), parts)):
+        ids[i, :len(row)], attention[i, :len(row)], cut[i, int(p):len(row)] = row, 1, True
+    alone = answer_logprob(model, ids, attention, cut)
+    reasoning = ((mb.loss_mask > 0) & ~answer).any(1)
+    return torch.where(reasoning, with_reasoning - alone, torch.zeros_like(alone))[:, None]
+
+
+FEATURES: dict[str, Callable[..., torch.Tensor]] = {"hidden_mean": hidden_mean, "hidden_states": hidden_states,
+                                                  "answer_gain": answer_gain}
+
+
+def rollout_features(updater: Any, batch: Batch, fn: Callable[..., torch.Tensor], **options: Any) -> torch.Tensor:
+    """[N, D] (or, for a per-position source, [N, L, D]) features of each rollout from `fn` (a FEATURES source,
+    given `options`, e.g. the advantage's answer_tokens), in the updater's micro-batches, on the CPU."""
+    rows = []
     updater.model.eval()
     try:
         for idx in updater.micro_batches(batch):
             mb = batch.select(idx).to(updater.device)
             with updater.autocast():
-                rows.append((torch.as_tensor(idx), fn(updater.model, mb).float().cpu()))
+                rows.append((torch.as_tensor(idx), fn(updater.model, mb, **options).float().cpu()))
     finally:
         updater.model.train()
     first = rows[0][1] if rows else torch.zeros(0, 0, device="cpu")  # cpu: gathered on the host

@@ -5,10 +5,12 @@ teacher with a distillation loss, and its weights go back to the engine. With
 `distill.teacher_temperature` (TS-OPSD self-distillation)."""
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any
 
 from upslope.batch import Batch
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import DISTILL_LOSSES
 from upslope.train.collect import Rounds
 from upslope.seeding import seed_step
@@ -35,8 +37,9 @@ class DistillTrainer(BaseTrainer):
         cfg = self.cfg
         self.setup_task(rewards=cfg.distill.log_reward)
         self.rounds = Rounds(want=cfg.rollout.prompts_per_step, merge_repeats=self.merge_repeats)
-        self.loss = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options,
-                                        where="distill.loss.options")
+        bound = DISTILL_LOSSES.bind(cfg.distill.loss.name, cfg.distill.loss.options, where="distill.loss.options")
+        # a loss registered as a class keeps state across steps (ARKD's learned weighting): one instance a run
+        self.loss = bound() if inspect.isclass(DISTILL_LOSSES.get(cfg.distill.loss.name).fn) else bound
         self.teacher = Teacher(cfg.distill, cfg.model, self.runtime.model_path, self.runtime.tokenizer,
                                announce=self.report.note)
 
@@ -54,9 +57,21 @@ class DistillTrainer(BaseTrainer):
             metrics["distill/teacher_forwards"] = float(self.teacher.forward_passes - passes)
         with self.clock("learner"):
             metrics.update(self.update(batch, step))
+            if hasattr(self.loss, "after_update"):  # once per step: a stateful loss's own update
+                metrics.update(self.loss.after_update(metrics))
         with self.clock("sync"):
             self.push_weights()
         return metrics
+
+    def extra_state(self) -> dict[str, Any]:
+        own = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
+        return {"distill_loss": own} if own else {}
+
+    def load_extra_state(self, state: dict[str, Any], path: Path) -> None:
+        if "distill_loss" in state:
+            self.loss.load_state_dict(state["distill_loss"])
+        elif hasattr(self.loss, "state_dict") and self.loss.state_dict():  # it learns, and the checkpoint lacks it
+            raise UpslopeError(f"{path}: checkpoint has no state of distill.loss {self.cfg.distill.loss.name}")
 
     def setup_objective(self) -> None:
         cfg = self.cfg

@@ -233,7 +233,12 @@ class Trainer(BaseTrainer):
         (at most rollout.max_resample_rounds extra rounds); kept groups go to `stream` as they arrive."""
         got = self.source.next(step, stream)
         if got.seen.rewards is not None:  # per-prompt feedback for curriculum samplers (uniform ignores it)
-            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids)
+            extra = {}
+            if SAMPLERS.get(self.cfg.data.sampler.name).traits.confidence:  # CoDaPO's resampling value reads it
+                from upslope.algos.confidence import sequence_confidence
+
+                extra["confidence"] = sequence_confidence(got.seen)
+            self.sampler.update(got.indices, got.seen.rewards, got.seen.group_ids, **extra)
         metrics = got.metrics
         self.warn_reply_cut(metrics.get("agent/env_reply_cut", 0.0))
         metrics["rollout/groups_kept"] = float(got.batch.num_groups) if got.batch.size else 0.0
@@ -282,10 +287,16 @@ class Trainer(BaseTrainer):
         import time
 
         if self.features_source:
-            from upslope.train.learner.salience import rollout_features
+            import inspect
+
+            from upslope.train.learner.salience import FEATURES, rollout_features
 
             t0 = time.perf_counter()
-            features = rollout_features(self.updater, batch, self.features_source)
+            source = FEATURES[self.features_source]
+            params = inspect.signature(self.advantage_fn).parameters  # a source reading the answer region gets it
+            extra = ({"answer_tokens": int(params["answer_tokens"].default)}
+                     if "answer_tokens" in params and "answer_tokens" in inspect.signature(source).parameters else {})
+            features = rollout_features(self.updater, batch, source, **extra)
             metrics["features/seconds"] = time.perf_counter() - t0
             return functools.partial(self.advantage_fn, features=features)
         source = self.salience_source
