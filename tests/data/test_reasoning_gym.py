@@ -14,7 +14,7 @@ from upslope.config import load_config  # noqa: E402
 from upslope.data import load_examples  # noqa: E402
 from upslope.data.reasoning_gym import reasoning_gym_task  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402
-from upslope.rewards.reasoning_gym import reasoning_gym_reward  # noqa: E402
+from upslope.rewards.reasoning_gym import final_number, reasoning_gym_reward  # noqa: E402
 
 
 def test_splits_are_seeded_and_the_test_split_is_held_out():
@@ -43,6 +43,33 @@ def test_the_generators_verifier_is_the_reward():
     # a generator with its own scoring: word_sorting compares the sorted list, not the text
     [ws] = reasoning_gym_task(split="test", dataset="word_sorting", size=20, test_size=1)
     assert reasoning_gym_reward(f"<answer>{ws.answer}</answer>", ws.answer, ws.meta) == 1.0
+
+
+@pytest.mark.parametrize("completion, number", [
+    ("3 + 8 = 11\n\nThe answer is 11", "11"),
+    ("Step 1: 26 + 7 = 33.\nStep 2: check.\nAnswer: **33**.", "33"),
+    ("Answer: 3 + 4 = 7", "7"),  # the answer line's own working: after its last "="
+    ("So the final answer is: 1,234 legs.", "1234"),  # thousands separators dropped, the unit left
+    ("To answer this, add 3 and 4.\n3 + 4 = 7. So 7 legs in 2 groups", "7"),  # no "answer is"/":": after the last "="
+    ("We get 5, then 6", "6"),  # neither: the last number
+    ("1 - 7 = -6", "-6"), ("so 10-3 is", "3"),  # a minus sign after a digit is the operator
+    ("Answer: X", None), ("no number at all", None),
+    ("The answer is 12.\nAnswer: 15", "15"),  # the last answer phrase wins
+])
+def test_final_number_reads_the_number_a_worked_reply_ends_on(completion, number):
+    assert final_number(completion) == number
+
+
+def test_final_number_extract_scores_worked_replies():
+    [ex] = reasoning_gym_task(split="test", dataset="leg_counting", size=20, test_size=1)
+    right, wrong = str(ex.answer), str(int(ex.answer) + 1)
+    worked = f"Each animal has some legs.\n2 + 2 = {wrong}\nAnswer: {right}"
+    assert reasoning_gym_reward(worked, ex.answer, ex.meta, extract="final_number") == 1.0
+    assert reasoning_gym_reward(worked, ex.answer, ex.meta) == 0.0  # no tags: the default extract reads nothing
+    assert reasoning_gym_reward(f"so it is {wrong}", ex.answer, ex.meta, extract="final_number") == 0.0
+    # a tag, where the reply has one, is read before any number
+    assert reasoning_gym_reward(f"<answer>{right}</answer> not {wrong}", ex.answer, ex.meta, extract="final_number") == 1.0
+    assert reasoning_gym_reward("no number", ex.answer, ex.meta, extract="final_number") == 0.0
 
 
 def test_bad_generator_names_and_configs_are_one_line():

@@ -3,7 +3,8 @@
 letter_counting, ...), scored by the generator's own verifier (the `reasoning_gym` reward).
 
 Each split is generated from its own seed; the held-out split drops any question the training split
-also holds (small generators repeat questions across seeds), so it is held out in fact. The package
+also holds and any repeat of its own (small generators repeat questions), so it is held out in fact and
+each of its questions counts once. The package
 is optional: `pip install reasoning-gym` (upslope's extra `reasoning-gym`)."""
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from upslope.registry import TASKS
 
 _TEST_SEED_OFFSET = 1_000_003
 INSTRUCTION = "{question}\nGive only your final answer between <answer> and </answer>."
+# for a small model that must reason before it answers: it ends on "Answer: X", which the reward's
+# extract=final_number reads (with numeric generators)
+STEP_BY_STEP = "{question}\nThink step by step, then give the final answer on the last line as \"Answer: X\"."
 
 
 def reasoning_gym() -> Any:
@@ -64,7 +68,7 @@ def reasoning_gym_task(*, split: str = "train", dataset: str = "leg_counting", s
                        instruction: str = INSTRUCTION, prefill: str = "") -> list[Example]:
     """A reasoning-gym generator's problems, scored by its own verifier; the test split shares no question with train.
 
-    split: "train" or "test" (generated from another seed, without the training split's questions)
+    split: "train" or "test" (generated from another seed, without the training split's questions or repeats)
     dataset: the generator's name in reasoning-gym (e.g. leg_counting, basic_arithmetic, letter_counting)
     size: problems in the training split
     test_size: problems generated for the test split (before the training split's questions are dropped)
@@ -81,7 +85,11 @@ def reasoning_gym_task(*, split: str = "train", dataset: str = "leg_counting", s
         entries, tag = train, "train"
     else:
         seen = {e["question"] for e in train}
-        entries = [e for e in _entries(dataset, config, seed + _TEST_SEED_OFFSET, test_size) if e["question"] not in seen]
+        entries = []
+        for e in _entries(dataset, config, seed + _TEST_SEED_OFFSET, test_size):
+            if e["question"] not in seen:  # neither a training question nor one already in the test split
+                seen.add(e["question"])
+                entries.append(e)
         tag = "test"
         if not entries:
             raise DataError(f"reasoning-gym's '{dataset}' has no test question outside the {size} training ones; "
