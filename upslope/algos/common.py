@@ -8,10 +8,15 @@ amplifies to an advantage of 0.03 (and the row is then not skipped as zero-advan
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+
+from upslope.errors import ConfigError
+
+if TYPE_CHECKING:
+    from upslope.batch import Batch
 
 Singleton = Literal["zero", "raw"]
 
@@ -143,3 +148,15 @@ def reward_to_go(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, *, res
         running = torch.where(v, token_rewards[:, t] + gamma * carried, carried)
         out[:, t] = torch.where(v, running, torch.zeros_like(running))
     return out
+
+
+def per_position_inputs(name: str, batch: Batch, features: Tensor | None) -> Tensor:
+    """The rewards of an advantage that reads each rollout's hidden state at every position ([N, L, D]
+    `features`, from the RL trainer's `hidden_states` pass), as float64; one ConfigError line when either
+    is missing."""
+    if features is None or features.dim() != 3 or features.shape[:2] != batch.input_ids.shape:
+        raise ConfigError(f"advantage '{name}' needs each rollout's hidden state at every position (the RL "
+                          "trainer computes them)")
+    if batch.rewards is None:
+        raise ConfigError(f"advantage '{name}' needs batch.rewards (score the batch first)")
+    return batch.rewards.to(torch.float64)

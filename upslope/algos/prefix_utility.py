@@ -8,11 +8,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from upslope.algos.common import broadcast_to_tokens, group_normalize
+from upslope.algos.common import per_position_inputs, broadcast_to_tokens, group_normalize
 from upslope.algos.tree import TreeNode, sibling_sets, tree_nodes
 from upslope.batch import Batch
 from upslope.bounds import NonNegative, Positive, PositiveCount
-from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
 
@@ -64,12 +63,7 @@ def pum(batch: Batch, features: Tensor | None = None, *, coef: NonNegative = 0.5
     u(prefix before t), standardised by its RMS over the batch's trained tokens: our choices. Without a tree
     (no two measured siblings differ) the head is 0 and this is GRPO.
     """
-    if features is None or features.dim() != 3 or features.shape[:2] != batch.input_ids.shape:
-        raise ConfigError("advantage 'pum' needs each rollout's hidden state at every position (the RL trainer "
-                          "computes them)")
-    if batch.rewards is None:
-        raise ConfigError("advantage 'pum' needs batch.rewards (score the batch first)")
-    r = batch.rewards.to(torch.float64)
+    r = per_position_inputs("pum", batch, features)
     outcome = broadcast_to_tokens(group_normalize(r, batch.group_ids, scale_by_std=scale_by_std, eps=eps),
                                   batch.loss_mask).to(torch.float64)
     nodes = tree_nodes(batch, r)

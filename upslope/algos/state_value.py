@@ -8,10 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from upslope.algos.common import group_moments, std_denominator
+from upslope.algos.common import per_position_inputs, group_moments, std_denominator
 from upslope.batch import Batch
 from upslope.bounds import NonNegative, Positive
-from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
 
@@ -66,12 +65,7 @@ def hista(batch: Batch, features: Tensor | None = None, *, temperature: Positive
     the states choosing its trained tokens; the weights are a softmax of cosines over the other rollouts of the
     same prompt (never the rollout itself): our choices. A tied group gets 0, as in GRPO.
     """
-    if features is None or features.dim() != 3 or features.shape[:2] != batch.input_ids.shape:
-        raise ConfigError("advantage 'hista' needs each rollout's hidden state at every position (the RL trainer "
-                          "computes them)")
-    if batch.rewards is None:
-        raise ConfigError("advantage 'hista' needs batch.rewards (score the batch first)")
-    r = batch.rewards.to(torch.float64)
+    r = per_position_inputs("hista", batch, features)
     values = hista_values(features, batch.loss_mask, r, batch.group_ids, temperature)
     _, var, _, tied = group_moments(r, batch.group_ids)
     adv = (r[:, None] - values) * (batch.loss_mask > 0)

@@ -47,17 +47,10 @@ class Trial:
 def read_metric(path: Path, key: str, step: int) -> tuple[float | None, list[str]]:
     """(value of `key` at `step` in a metrics.jsonl, every key logged up to there). An evaluation metric
     must be logged at `step` itself; a training metric is its last value at or before `step`."""
-    found: float | None = None
-    logged: set[str] = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if int(rec.get("step", 0)) > step:
-                continue
-            logged.update(k for k in rec if k != "step")
-            if key in rec and isinstance(rec[key], (int, float)) and (not key.startswith("eval/") or rec["step"] == step):
-                found = float(rec[key])
-    return found, sorted(logged)
+    points, logged = read_series(path, key, step)
+    if key.startswith("eval/"):
+        points = [(at, value) for at, value in points if at == step]
+    return (points[-1][1] if points else None), logged
 
 
 def read_series(path: Path, key: str, step: int) -> tuple[list[tuple[int, float]], list[str]]:

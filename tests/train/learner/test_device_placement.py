@@ -4,6 +4,7 @@ same class of bug as a CPU tensor meeting CUDA parameters, which crashed the fir
 and no device-less tensor constructor creeps into learner code."""
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -142,6 +143,7 @@ def _learner_plugin_calls() -> list[tuple[str, str, object]]:
         calls.append(("kl", name, lambda fn=fn: fn(_meta(n, length), _meta(n, length))))
     for name in DISTILL_LOSSES._entries:
         fn = DISTILL_LOSSES.bind(name, {}, where="test")
+        fn = fn() if inspect.isclass(DISTILL_LOSSES.get(name).fn) else fn  # a loss with state: its instance
         inputs = DistillInputs(_meta(n, length), _meta(n, length), mask, _meta(n, length, k), _meta(n, length, k),
                                _meta(n, length))
         calls.append(("distill_loss", name, lambda fn=fn, x=inputs: fn(x)))
