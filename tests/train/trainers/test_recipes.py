@@ -53,7 +53,7 @@ COMPONENT_READERS = {"geomin": [*READ_SIGNAL, "algo.advantage.options.labelled_s
                      "pivottrace": READ_SIGNAL, "balto": ["algo.advantage.options.outcome=long_text"]}
 # recipes of an optional extra: they run where its package is installed
 NEEDS = {"openai_agent_python": "openai", "reasoning_gym": "reasoning_gym", "reasoning_gym_chain_sum": "reasoning_gym",
-         "reasoning_gym_gcd": "reasoning_gym", "skyrl_gym_arith": "skyrl_gym",
+         "reasoning_gym_basic_arithmetic": "reasoning_gym", "reasoning_gym_gcd": "reasoning_gym", "skyrl_gym_arith": "skyrl_gym",
          "verifiers_products": "verifiers"}
 
 
