@@ -108,6 +108,19 @@ class DataConfig(Section):
     sampler: Plugin = opt(Plugin(name="uniform"), "training only: prompt sampler (registry: sampler) and its options",
                           registry="sampler")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _split_option(cls, data: Any) -> Any:
+        """A task's split given as its option (options.split) is `split`: one place, so that evaluation's
+        test split replaces it as it replaces `split`; the two given apart must agree."""
+        if not isinstance(data, dict) or not isinstance(data.get("options"), dict) or "split" not in data["options"]:
+            return data
+        options = dict(data["options"])
+        given = options.pop("split")
+        if data.get("split") not in (None, given):
+            raise ValueError(f"split={data['split']!r} and options.split={given!r} disagree: give the split once")
+        return {**data, "options": options, "split": given}
+
 
 DEFAULT_PROMPT_TOKENS = 512  # rollout.max_prompt_tokens when unset (less when the model's context is short)
 

@@ -187,7 +187,10 @@ def test_held_out_split_replaces_a_split_given_as_the_tasks_option():
     cfg = Config(data=DataConfig(task="gsm8k", options={"split": "train"}))
     train = load_examples(cfg.data, "train")
     held = eval_data_config(cfg)
-    assert held.split == "test" and held.options["split"] == "test"
+    assert cfg.data.split == "train" and "split" not in cfg.data.options  # the option is the section's split
+    assert held.split == "test"
+    with pytest.raises(ValueError, match="disagree"):
+        DataConfig(task="gsm8k", split="test", options={"split": "train"})
     assert overlap(train, load_examples(held, "test")) == 0
 
 

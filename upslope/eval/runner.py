@@ -33,10 +33,7 @@ def eval_data_config(cfg: Config) -> DataConfig:
     if cfg.eval.data is not None:
         return cfg.eval.data
     split = "test" if has_split(cfg.data, "test") else cfg.data.split  # else the training data (reported)
-    update: dict[str, Any] = {"split": split, "limit": None}
-    if "split" in cfg.data.options:  # a task's split given as its option follows too (else it would win)
-        update["options"] = {**cfg.data.options, "split": split}
-    return cfg.data.model_copy(update=update)
+    return cfg.data.model_copy(update={"split": split, "limit": None})
 
 
 def load_eval_examples(cfg: Config) -> list[Example]:
