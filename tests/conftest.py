@@ -97,6 +97,19 @@ def tiny_model_path(smollm_path, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model(tiny_model_path, tokenizer, tmp_path_factory) -> str:
+    """The tiny model with a random scalar head, saved as a reward model."""
+    from upslope.scalar_head import load_scalar_model
+
+    out = tmp_path_factory.mktemp("tiny-rm") / "model"
+    model = load_scalar_model(tiny_model_path, pad_id=tokenizer.pad_token_id)
+    torch.nn.init.normal_(model.net.score.weight, generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def tiny_state_dict(tiny_model_path) -> dict[str, torch.Tensor]:
     """The tiny model's weights as saved (fp32, HF parameter names; the tied lm_head is absent)."""
     from safetensors.torch import load_file

@@ -48,23 +48,11 @@ def test_score_calibration_by_hand():
     assert got == pytest.approx({"ece": 0.125, "brier": 0.15625})
 
 
-@pytest.fixture(scope="module")
-def spec_rm(tiny_model_path, tokenizer, tmp_path_factory) -> str:
-    from upslope.scalar_head import load_scalar_model
-
-    out = tmp_path_factory.mktemp("spec-rm") / "model"
-    model = load_scalar_model(tiny_model_path, pad_id=tokenizer.pad_token_id)
-    torch.nn.init.normal_(model.net.score.weight, generator=torch.Generator().manual_seed(0))
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
-
-
-def test_reward_model_reads_each_examples_specification(spec_rm, tokenizer):
+def test_reward_model_reads_each_examples_specification(tiny_reward_model, tokenizer):
     """spec_field gives each sample its own system prompt: the same as system_prompt for one spec, and a
     different score under another spec."""
     def scores(**options):
-        [fn] = build_reward_fns([RewardSpec(name="reward_model", options={"path": spec_rm, **options})],
+        [fn] = build_reward_fns([RewardSpec(name="reward_model", options={"path": tiny_reward_model, **options})],
                                 context=RewardContext(policy_tokenizer=tokenizer))
         metas = [{"prompt": "What is 2 + 2?", "spec": "Replies must be polite."},
                  {"prompt": "What is 2 + 2?", "spec": "Replies must be one number."}]
@@ -74,7 +62,8 @@ def test_reward_model_reads_each_examples_specification(spec_rm, tokenizer):
     assert per_example[0] == pytest.approx(scores(system_prompt="Replies must be polite.")[0], rel=1e-5)
     assert per_example[1] == pytest.approx(scores(system_prompt="Replies must be one number.")[1], rel=1e-5)
     assert per_example[0] != pytest.approx(per_example[1], rel=1e-3)
-    [fn] = build_reward_fns([RewardSpec(name="reward_model", options={"path": spec_rm, "spec_field": "spec"})])
+    [fn] = build_reward_fns([RewardSpec(name="reward_model",
+                                        options={"path": tiny_reward_model, "spec_field": "spec"})])
     with pytest.raises(UpslopeError, match="spec_field=spec: sample 0 has no text"):
         fn.fn(["4"], [None], [{"prompt": "What is 2 + 2?"}])
 

@@ -69,19 +69,6 @@ def test_seed_method_recipes_exist():
     assert SLOW_RECIPES <= {r.stem for r in RECIPES}
 
 
-@pytest.fixture(scope="module")
-def tiny_reward_model(tiny_model_path, tokenizer, tmp_path_factory) -> str:
-    """The tiny model with a random scalar head, saved as a reward model."""
-    from upslope.scalar_head import load_scalar_model
-
-    out = tmp_path_factory.mktemp("tiny-rm") / "model"
-    model = load_scalar_model(tiny_model_path, pad_id=tokenizer.pad_token_id)
-    torch.nn.init.normal_(model.net.score.weight, generator=torch.Generator().manual_seed(0))
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
-
-
 @pytest.mark.parametrize("recipe", RUNS)
 def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_path):
     if recipe.stem in NEEDS:
