@@ -49,6 +49,7 @@ RUN_FLAGS = ("log.progress=false", "log.tensorboard=false", "log.plot=false", "t
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_claims import METHODS, Claim  # noqa: E402  (what each method claims: benchmarks/reproduce_claims.py)
+from reproduce_tasks import OWN_TASK, TASKS, check_portable, task_overrides  # noqa: E402  (external tasks)
 
 
 # ---------------------------------------------------------------- statistics
@@ -258,11 +259,17 @@ def stamp_key(*parts: Any) -> str:
 
 
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
-              dry_run: bool = False, fresh: bool = False) -> dict[str, Any] | None:
-    """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim); the row
-    (None with dry_run, which prints the commands)."""
+              dry_run: bool = False, fresh: bool = False, task: str | None = None) -> dict[str, Any] | None:
+    """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim), on `task` (an
+    external task of reproduce_tasks.TASKS; None: the recipes' own); the row (None with dry_run, which prints
+    the commands)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
+    on_task: list[str] = []
+    if task is not None:
+        check_portable(method, claim.recipe, claim.baseline)
+        on_task, work = task_overrides(task), work / task
+    user_extra, extra = list(extra), [*on_task, *extra]  # extra: what the teacher, the sweep and both arms run with
     overrides = [*claim.overrides, *extra]
     keys = [m for m, _ in claim.metrics()]
     values: dict[str, dict[str, list[float]]] = {m: {arm: [] for arm in arms} for m in keys}
@@ -302,8 +309,11 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     if dry_run:
         return None
     command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
-                          "--seeds", str(len(seeds)), *[f"--set={x}" for x in extra]])
+                          "--seeds", str(len(seeds)), *(["--task", task] if task else []),
+                          *[f"--set={x}" for x in user_extra]])
     row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
+    if task is not None:
+        row["task"] = task
     row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
     row["code"] = git_head()  # the version of upslope, recipes and pyproject the runs were made with
     if teacher:
@@ -444,6 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
+    ap.add_argument("--task", choices=sorted(TASKS), help="run both arms on this external task (default: the "
+                    "recipes' own); its task, reward, reply length and evaluation replace the recipes'")
     ap.add_argument("--work", default="/tmp/upslope-reproduce", help="run directories go here")
     ap.add_argument("--rows", default=str(ROWS), help="JSON file the row is appended to")
     ap.add_argument("--doc", default=str(DOC), help="the page --render writes")
@@ -460,7 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("name a METHOD (or --render)")
     if a.seeds < 2 and not a.dry_run:
         ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
-    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh)
+    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh,
+                    task=a.task)
     if row is not None:
         with locked(rows_path.with_name(f".{rows_path.name}.lock")):  # rows finishing side by side
             rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")

@@ -1,0 +1,49 @@
+"""External tasks a reproduction can run on instead of upslope's own arithmetic, for benchmarks/reproduce.py
+--task: each is a task recipe whose task, reward, reply length, evaluation size and chat template replace those
+of both arms' recipes, so a method keeps its own mechanism (advantage, sampler, rollout kind, filters) and meets
+a task written by others, with replies long enough to have segments."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> the task recipe the overlay is read from (reasoning-gym generators where SmolLM2-135M learns in 20 steps,
+# base pass rate 10-50% at n=8: docs/agents.md)
+TASKS: dict[str, str] = {
+    "chain_sum": "reasoning_gym_chain_sum",
+    "basic_arithmetic": "reasoning_gym_basic_arithmetic",
+}
+OWN_TASK = "arith"  # the rows without --task: upslope's own arithmetic (headroom.yaml and its relatives)
+
+
+def _recipe(name: str) -> dict[str, Any]:
+    from upslope.config_files import read_recipe
+
+    return read_recipe(ROOT / "recipes" / f"{name}.yaml")
+
+
+def task_overrides(task: str) -> list[str]:
+    """The `key=value` overrides that put an arm on `task`: its data source (task and options; the arm's sampler
+    stays), its reward, reply length, evaluation size and chat template (the model's own where the task recipe
+    sets none, so a prefill template of the arithmetic recipes does not carry over)."""
+    if task not in TASKS:
+        raise SystemExit(f"--task: expected one of {', '.join(sorted(TASKS))}, got {task!r}")
+    r = _recipe(TASKS[task])
+    data, model = r["data"], r.get("model", {})
+    out = [f"data.task={data['task']}", f"data.options={json.dumps(data.get('options', {}))}",
+           f"reward={json.dumps(r['reward'])}", f"rollout.max_new_tokens={r['rollout']['max_new_tokens']}",
+           f"eval.limit={r['eval']['limit']}", f"model.chat_template={json.dumps(model.get('chat_template'))}"]
+    if data.get("split") is not None:
+        out.append(f"data.split={data['split']}")
+    return out
+
+
+def check_portable(method: str, recipe: str, baseline: str) -> None:
+    """Refuse, in one line naming the method, a method whose recipe scores differently from its baseline's: its
+    mechanism lives in the reward, which the external task's verifier would replace."""
+    if _recipe(recipe).get("reward") != _recipe(baseline).get("reward"):
+        raise SystemExit(f"--task: {method}'s recipe {recipe} has another reward than its baseline {baseline}; its "
+                         "mechanism is in the reward, which the external task's verifier would replace")
