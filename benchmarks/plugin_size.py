@@ -65,6 +65,9 @@ HOOKS = {
     # the consistency reward is named by both arms (weight 0 in the baseline, which only measures it)
     "self_ctrl": ["upslope.rewards.introspection:self_consistency"],
     # the environment's read-only execution and query alignment live beside the one-shot SQL reward
+    # the two-role rollout is shared with its baseline (which rewards drafts by difficulty); the influence pass
+    "infuser": ["upslope.rollout.infuser", "upslope.train.learner.influence",
+                *(f"upslope.algos.infuser:{name}" for name in ("infuser", "two_roles", "dual_normalize", "question_index"))],
     "progress_sql": [f"upslope.rewards.sql:{name}" for name in ("ReadOnlyDatabase", "same_result", "extract_sql",
                                                                  "alignment", "differing_clauses")],
 }
@@ -225,6 +228,10 @@ WHY = {
              "prompt features are BMC's hook",
     "e3rl": "its own rollout is the shared branch rollout and the erasure rule (54 lines); the rest is TreeRPO's "
             "segment credit (advantage `tree`), reused for the per-segment advantages",
+    "infuser": "a new kind of round and a new pass: both roles in one rollout (drafts from each document, their "
+               "parsing, the solver's answers, the target rows the influence is measured on) and the influence itself "
+               "(a gradient per drafted question against the target rows' gradient under AdamW's preconditioner); "
+               "the advantage, its shared two-role core and DuGRPO are the rest",
     "resum": "its own rollout is the shared branch rollout and the mask-or-inject rule (58 lines); the rest is "
              "TreeRPO's segment credit (advantage `tree`), reused for the pair's comparison",
 }

@@ -255,3 +255,8 @@ METHODS.update({  # siblings from an edited prefix: a high cross-entropy segment
     "resum": Claim("resum", "think_answer", "eval/accuracy", "higher",
                    "ReSum: Synergizing LLM Reasoning and Summarization with Reinforcement Learning"),
 })
+METHODS.update({  # self-evolution: one policy drafting questions from documents and solving them
+    "infuser": Claim("infuser", "infuser_difficulty", "eval/accuracy", "higher",
+                     "INFUSER: Influence-Guided Self-Evolution Improves Reasoning (against the generator rewarded by "
+                     "difficulty)"),
+})

@@ -40,7 +40,9 @@ class AdvantageTraits(Traits):
     token_rewards: bool = False  # reads rewards placed on tokens (batch.token_rewards)
     whole_batch: bool = False  # uses statistics of the whole batch: the update cannot stream groups
     salience: str | None = None  # takes the policy's token salience from this source; has option answer_tokens
-    features: str | None = None  # each rollout's features from this source: hidden_mean [N, D], hidden_states [N, L, D], answer_gain [N, 1]
+    # each rollout's features from this source: hidden_mean [N, D], hidden_states [N, L, D], answer_gain [N, 1],
+    # influence [N, 1] (whole batch)
+    features: str | None = None
 
     def check(self, name: str, fn: Callable[..., Any]) -> None:
         if self.salience and "answer_tokens" not in inspect.signature(fn).parameters:
@@ -291,6 +293,7 @@ BUILTIN_MODULES = ("upslope.algos", "upslope.rewards", "upslope.data.tasks", "up
                    "upslope.rollout.branching",  # siblings from an edited prefix (E3RL's erasure, ReSum's summaries)
                    "upslope.algos.weight_search",  # consolidation of weight perturbations (upslope randopt)
                    "upslope.algos.geometry",  # advantages reading the rollouts' hidden-state features
+                   "upslope.algos.infuser", "upslope.rollout.infuser",  # INFUSER: two roles, influence
                    "upslope.data.bmc",  # a sampler over a task tree of the prompts' hidden states
                    "upslope.data.saerl",  # a sampler over a sparse autoencoder of the prompts' hidden states
                    "upslope.algos.triage",  # routing prompts by the attention pivots of their rollouts

@@ -44,6 +44,8 @@ def test_the_reported_cases_are_exactly_zero():
     for value, size in ((0.3, 8), (1.1, 16), (97.3, 8), (99.99, 5)):
         out = group_normalize(torch.full((size,), value), torch.zeros(size, dtype=torch.long))
         assert out.dtype == torch.float32 and torch.equal(out, torch.zeros(size)), (value, size)
+        bare = group_normalize(torch.full((size,), value), torch.zeros(size, dtype=torch.long), eps=0.0)
+        assert torch.equal(bare, torch.zeros(size)), (value, size)  # 0 / 0 without eps: still exactly 0
 
 
 @FAST

@@ -40,12 +40,12 @@ def test_batch_level_steps_declare_the_whole_batch_trait():
     GDPO's batch normalisation (and what builds on it), ReCal's per-dataset scale, SAW's batch
     coefficients of variation, DARTS's longest completion, GEOALIGN's consensus directions over the batch,
     GeoMin's Gaussians over the batch's labelled rollouts, PivotTrace's ranking of the batch's prompts, MORE's weights from every group's values;
-    DiRL's success direction and RMS novelty, PUM's utility head fitted on the batch's measured prefixes;
-    group-local estimators do not (Hista: the other rollouts of the same prompt)."""
+    DiRL's success direction and RMS novelty, PUM's utility head fitted on the batch's measured prefixes,
+    INFUSER's batch z-score of its drafts' scores; group-local estimators do not (Hista: the other rollouts of the same prompt)."""
     def whole(registry):
         return {n for n in registry.names() if registry.get(n).traits.whole_batch}
     assert whole(ADVANTAGES) == {"reinforce_pp", "gae", "gdpo", "gd2po", "recal", "sr_ppo", "geoalign", "geomin",
-                                "pivottrace", "dirl", "pum"}
+                                "pivottrace", "dirl", "pum", "infuser", "infuser_difficulty"}
     assert whole(REWARD_COMBINERS) == {"saw", "more"} and whole(FILTERS) == {"darts"}
 
 

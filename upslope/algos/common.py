@@ -66,7 +66,7 @@ def group_normalize(values: Tensor, group_ids: Tensor, *, scale_by_std: bool = T
     mean, var, count, tied = group_moments(values, group_ids, unbiased=unbiased)
     v = values.to(torch.float64)
     centred = torch.where(tied, torch.zeros_like(v), v - mean)
-    out = centred / std_denominator(var, eps, eps_in_sqrt) if scale_by_std else centred
+    out = torch.where(tied, centred, centred / std_denominator(var, eps, eps_in_sqrt)) if scale_by_std else centred
     if singleton == "raw":
         out = torch.where(count == 1, v, out)
     return out.to(out_dtype)

@@ -41,6 +41,7 @@ SEED_METHOD_RECIPES |= {"c3rl", "disco", "more", "sear", "confidence_multi", "th
                         "pivottrace"}  # rewards and sampling, part 3
 SEED_METHOD_RECIPES |= {"dirl", "pum", "hista", "numca"}  # hidden-state directions, prefix utility, state values
 SEED_METHOD_RECIPES |= {"balto", "saerl", "e3rl", "resum"}  # credit and sampling, part 3 (continued)
+SEED_METHOD_RECIPES |= {"infuser", "infuser_difficulty"}  # self-evolution: drafting questions, solving them
 SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1", "self_report", "self_ctrl"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
@@ -51,6 +52,9 @@ READ_SIGNAL = ["algo.advantage.options.correct=long_text", "algo.advantage.optio
 COMPONENT_READERS = {"geomin": [*READ_SIGNAL, "algo.advantage.options.labelled_share=0.5",
                                 "algo.advantage.options.fallback_weight=1.0"],
                      "pivottrace": READ_SIGNAL, "balto": ["algo.advantage.options.outcome=long_text"]}
+# the tiny random model never drafts a well-formed question: a prefill writes one, so its answers are sampled
+WRITE_DRAFT = ['rollout.options.prefill="Question: What is 2 + 3?\\nAnswer: 5\\n"']
+COMPONENT_READERS |= {"infuser": WRITE_DRAFT, "infuser_difficulty": WRITE_DRAFT}
 # recipes of an optional extra: they run where its package is installed
 NEEDS = {"openai_agent_python": "openai", "reasoning_gym": "reasoning_gym", "reasoning_gym_chain_sum": "reasoning_gym",
          "reasoning_gym_basic_arithmetic": "reasoning_gym", "reasoning_gym_gcd": "reasoning_gym", "skyrl_gym_arith": "skyrl_gym",

@@ -159,13 +159,18 @@ def answer_gain(model: Any, mb: Batch, answer_tokens: int = 4) -> torch.Tensor:
     return torch.where(reasoning, with_reasoning - alone, torch.zeros_like(alone))[:, None]
 
 
+from upslope.train.learner.influence import influence  # noqa: E402  (a whole-batch source: gradients, the optimiser)
+
 FEATURES: dict[str, Callable[..., torch.Tensor]] = {"hidden_mean": hidden_mean, "hidden_states": hidden_states,
-                                                  "answer_gain": answer_gain}
+                                                  "answer_gain": answer_gain, "influence": influence}
 
 
 def rollout_features(updater: Any, batch: Batch, fn: Callable[..., torch.Tensor], **options: Any) -> torch.Tensor:
     """[N, D] (or, for a per-position source, [N, L, D]) features of each rollout from `fn` (a FEATURES source,
-    given `options`, e.g. the advantage's answer_tokens), in the updater's micro-batches, on the CPU."""
+    given `options`, e.g. the advantage's answer_tokens), in the updater's micro-batches, on the CPU; a source
+    marked `whole_batch` (INFUSER's influence: gradients across rows) is given the updater and the whole batch."""
+    if getattr(fn, "whole_batch", False):
+        return fn(updater, batch, **options).float().cpu()
     rows = []
     updater.model.eval()
     try:
