@@ -41,9 +41,15 @@ def task_overrides(task: str) -> list[str]:
     return out
 
 
-def check_portable(method: str, recipe: str, baseline: str) -> None:
-    """Refuse, in one line naming the method, a method whose recipe scores differently from its baseline's: its
-    mechanism lives in the reward, which the external task's verifier would replace."""
-    if _recipe(recipe).get("reward") != _recipe(baseline).get("reward"):
-        raise SystemExit(f"--task: {method}'s recipe {recipe} has another reward than its baseline {baseline}; its "
-                         "mechanism is in the reward, which the external task's verifier would replace")
+def check_portable(method: str, recipe: str, baseline: str, command: str = "train") -> None:
+    """Refuse, in one line naming the method, a claim whose arms cannot move to another task: one not run by
+    `upslope train`, or whose recipes are not on the arith task scored by its own verifier (a reward section of
+    several components, a shaped reward, an environment or another task is the mechanism or its setting, which
+    the external task's data and verifier would replace)."""
+    if command != "train":
+        raise SystemExit(f"--task: {method} runs `upslope {command}`; only `upslope train` claims move to another task")
+    for name in (recipe, baseline):
+        raw = _recipe(name)
+        if raw.get("data", {}).get("task") != OWN_TASK or raw.get("reward") or raw.get("agent"):
+            raise SystemExit(f"--task: {method}'s recipe {name} is not the {OWN_TASK} task scored by its own verifier "
+                             "(its reward, environment or task is part of the claim); it runs on its own task only")
