@@ -73,12 +73,12 @@ def test_dual_normalisation_by_hand():
     are [-1.162, -0.387, 0.387, 1.162], the malformed draft -1; then within each document (unbiased std):
     [-1.162, -0.387, -1] -> centred on -0.850, std 0.4077; [0.387, 1.162] -> -0.7071, 0.7071."""
     out = dual_normalize(torch.tensor([1.0, 3.0, float("nan"), 5.0, 7.0]), torch.tensor([0, 0, 0, 1, 1]),
-                         invalid=-1.0, eps=0.0)
+                         invalid_penalty=1.0, eps=0.0)
     z = torch.tensor([-3, -1, 1, 3], dtype=torch.float64) / torch.tensor([1.0, 3, 5, 7]).std().double()
     first = torch.stack([z[0], z[1], torch.tensor(-1.0, dtype=torch.float64)])
     expected = torch.cat([(first - first.mean()) / first.std(), torch.tensor([-1, 1]) / 2 ** 0.5])
     assert torch.allclose(out, expected, atol=1e-9)
-    assert torch.equal(dual_normalize(torch.tensor([float("nan")] * 2), torch.tensor([0, 0]), invalid=-1.0, eps=0.0),
+    assert torch.equal(dual_normalize(torch.tensor([float("nan")] * 2), torch.tensor([0, 0]), invalid_penalty=1.0, eps=0.0),
                        torch.zeros(2, dtype=torch.float64))  # one document, all malformed: no signal
 
 

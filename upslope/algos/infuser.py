@@ -13,13 +13,13 @@ from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES
 
 
-def dual_normalize(scores: Tensor, group_ids: Tensor, *, invalid: float, eps: float) -> Tensor:
+def dual_normalize(scores: Tensor, group_ids: Tensor, *, invalid_penalty: float, eps: float) -> Tensor:
     """DuGRPO: influence scores z-scored over the whole batch first (their scale drifts with the optimiser's
     moments and the solver's loss, so one batch's noise sets the unit), a score that is NaN (no well-formed
-    draft) set to `invalid` in that unit, then normalised within each document's drafts as GRPO does."""
+    draft) set to -`invalid_penalty` in that unit, then normalised within each document's drafts as GRPO does."""
     s = scores.to(torch.float64)
     ok = ~torch.isnan(s)
-    z = torch.full_like(s, float(invalid))
+    z = torch.full_like(s, -float(invalid_penalty))
     if int(ok.sum()) > 1 and float(s[ok].std()) > 0:
         z[ok] = (s[ok] - s[ok].mean()) / (s[ok].std() + eps)
     elif bool(ok.any()):
@@ -27,7 +27,7 @@ def dual_normalize(scores: Tensor, group_ids: Tensor, *, invalid: float, eps: fl
     return group_normalize(z, group_ids, eps=eps).to(torch.float64)
 
 
-def two_roles(batch: Batch, draft_scores: Tensor, *, invalid: float, eps: float) -> Tensor:
+def two_roles(batch: Batch, draft_scores: Tensor, *, invalid_penalty: float, eps: float) -> Tensor:
     """[N, L]: drafts by DuGRPO of their scores (NaN: malformed), answers by GRPO within their own question's
     answers, target rows 0 (measured, not trained)."""
     if batch.rewards is None:
@@ -36,7 +36,8 @@ def two_roles(batch: Batch, draft_scores: Tensor, *, invalid: float, eps: float)
     adv = torch.zeros(batch.size, dtype=torch.float64)
     drafts = [i for i, r in enumerate(roles) if r == "generator"]
     if drafts:
-        adv[drafts] = dual_normalize(draft_scores[drafts], batch.group_ids[drafts], invalid=invalid, eps=eps)
+        adv[drafts] = dual_normalize(draft_scores[drafts], batch.group_ids[drafts], invalid_penalty=invalid_penalty,
+                                     eps=eps)
     solver = [i for i, r in enumerate(roles) if r == "solver"]
     if solver:
         question = question_index(batch, solver)
@@ -51,12 +52,13 @@ def question_index(batch: Batch, rows: list[int]) -> Tensor:
 
 
 @ADVANTAGES.register("infuser", grouped=True, whole_batch=True, features="influence")
-def infuser(batch: Batch, features: Tensor | None = None, *, invalid: float = -1.0, eps: NonNegative = 1e-6) -> Tensor:
+def infuser(batch: Batch, features: Tensor | None = None, *, invalid_penalty: NonNegative = 1.0,
+            eps: NonNegative = 1e-6) -> Tensor:
     """INFUSER: the generator is rewarded by its question's optimizer-aware influence on the solver (DuGRPO), the
     solver by correctness against the generator's answer (GRPO over the question's answers); rollout.kind infuser.
 
-    invalid: a draft that is not 'Question: ...? Answer: N' scores this many batch standard deviations from the
-        mean before the within-document normalisation (a malformed draft teaches the solver nothing)
+    invalid_penalty: a draft that is not 'Question: ...? Answer: N' scores this many batch standard deviations
+        below the mean before the within-document normalisation (a malformed draft teaches the solver nothing)
     eps: added to each standard deviation
 
     The abstract leaves DuGRPO's two normalisations open: here the batch z-score, then the group's GRPO
@@ -65,15 +67,15 @@ def infuser(batch: Batch, features: Tensor | None = None, *, invalid: float = -1
     if features is None or features.shape[0] != batch.size:
         raise ConfigError("advantage 'infuser' needs each draft's influence (the RL trainer computes it) and "
                           "rollout.kind: infuser")
-    return two_roles(batch, features[:, 0], invalid=invalid, eps=eps)
+    return two_roles(batch, features[:, 0], invalid_penalty=invalid_penalty, eps=eps)
 
 
 @ADVANTAGES.register("infuser_difficulty", grouped=True, whole_batch=True)
-def infuser_difficulty(batch: Batch, *, invalid: float = -1.0, eps: NonNegative = 1e-6) -> Tensor:
+def infuser_difficulty(batch: Batch, *, invalid_penalty: NonNegative = 1.0, eps: NonNegative = 1e-6) -> Tensor:
     """INFUSER's baseline: the generator rewarded by a difficulty heuristic instead of influence, 1 - |2p - 1| of
     its question's solve rate p (highest when the solver is right half the time), normalised as `infuser` does.
 
-    invalid: as in `infuser`
+    invalid_penalty: as in `infuser`
     eps: added to each standard deviation
     """
     if batch.rewards is None:
@@ -87,4 +89,4 @@ def infuser_difficulty(batch: Batch, *, invalid: float = -1.0, eps: NonNegative 
         if m.get("infuser_role") == "generator" and m.get("infuser_question") in rate:
             p = sum(rate[m["infuser_question"]]) / len(rate[m["infuser_question"]])
             scores[i] = 1.0 - abs(2.0 * p - 1.0)
-    return two_roles(batch, scores, invalid=invalid, eps=eps)
+    return two_roles(batch, scores, invalid_penalty=invalid_penalty, eps=eps)

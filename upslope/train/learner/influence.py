@@ -28,7 +28,7 @@ def token_logprobs(model: Any, mb: Batch) -> torch.Tensor:
 
 def completion_mask(batch: Batch) -> torch.Tensor:
     """[N, L]: 1 on each row's completion tokens (trained or not: a target row's reference answer has loss mask 0)."""
-    pos = torch.arange(batch.input_ids.shape[1])[None]
+    pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)[None]
     return ((pos >= batch.prompt_lens[:, None]) & (pos < batch.seq_lens[:, None])).float()
 
 
@@ -58,7 +58,7 @@ def influence(updater: Any, batch: Batch) -> torch.Tensor:
     """[N, 1]: each generator row's influence <g_T, P g_q> of its drafted question (NaN for a generator row
     without a well-formed draft, 0 for a question whose answers all scored alike: no step, no influence, and
     0 on solver and target rows). Reads meta["infuser_role"] and meta["infuser_question"] (rollout `infuser`)."""
-    out = torch.zeros(batch.size, 1)
+    out = torch.zeros(batch.size, 1)  # cpu: features are gathered on the host, as rollout_features returns them
     roles = [m.get("infuser_role") for m in batch.meta]
     target = [i for i, r in enumerate(roles) if r == "target"]
     drafts = [i for i, r in enumerate(roles) if r == "generator"]
@@ -93,7 +93,7 @@ def _question_influence(updater: Any, batch: Batch, rows: list[int], params: lis
                         pre_target: list[torch.Tensor]) -> float:
     """<P g_T, g_q> of the solver rows `rows` of one question (0 when their rewards are all equal)."""
     rewards = batch.rewards[rows].float()
-    adv = group_normalize(rewards, torch.zeros(len(rows), dtype=torch.long))
+    adv = group_normalize(rewards, torch.zeros(len(rows), dtype=torch.long))  # cpu: the batch's rewards live there
     if not bool(adv.abs().gt(0).any()):
         return 0.0
     with updater.autocast():
