@@ -309,7 +309,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     if dry_run:
         return None
     command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
-                          "--seeds", str(len(seeds)), *(["--task", task] if task else []),
+                          "--seeds", str(len(seeds)), *(["--first-seed", str(seeds[0])] if seeds[0] else []),
+                          *(["--task", task] if task else []),
                           *[f"--set={x}" for x in user_extra]])
     row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
     if task is not None:
@@ -500,7 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("method", nargs="?", choices=sorted(METHODS), help="the method to reproduce")
     ap.add_argument("--steps", type=int, default=60, help="training steps per run")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (0..N-1)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (FIRST..FIRST+N-1)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (another process running the later "
+                    "seeds of a row into the same --work lets the row's own run reuse them: a row split over cores)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
@@ -522,8 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("name a METHOD (or --render)")
     if a.seeds < 2 and not a.dry_run:
         ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
-    row = reproduce(a.method, a.steps, list(range(a.seeds)), Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh,
-                    task=a.task)
+    seeds = list(range(a.first_seed, a.first_seed + a.seeds))
+    row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task)
     if row is not None:
         with locked(rows_path.with_name(f".{rows_path.name}.lock")):  # rows finishing side by side
             rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")

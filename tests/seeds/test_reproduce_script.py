@@ -436,3 +436,12 @@ def test_rows_of_several_tasks_render_per_task_and_side_by_side(tmp_path):
     pytest.importorskip("matplotlib")
     labels = [x[0] for x in rp.plot_rows([own, ext], tmp_path / "p.png")["eval/accuracy"]]
     assert labels == ["codapo (10 x 3)", "codapo on chain_sum (20 x 5)"]
+
+
+def test_a_row_split_over_processes_runs_the_later_seeds_into_the_same_directories(capsys, tmp_path):
+    """--first-seed 3 --seeds 2 runs seeds 3 and 4 where the whole row's run (--seeds 5) looks for them."""
+    rp.main(["codapo", "--dry-run", "--seeds", "2", "--first-seed", "3", "--work", str(tmp_path)])
+    part = capsys.readouterr().out.strip().splitlines()
+    rp.main(["codapo", "--dry-run", "--seeds", "5", "--work", str(tmp_path)])
+    whole = capsys.readouterr().out.strip().splitlines()
+    assert part == whole[6:] and "train.seed=3 engine.seed=3" in part[0]
