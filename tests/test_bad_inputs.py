@@ -468,3 +468,13 @@ def test_debug_env_shows_traceback(world_base, monkeypatch):
     with pytest.raises(UpslopeError):
         main(["train", "/no/such/recipe.yaml"])
 
+
+
+def test_the_did_you_mean_hint():
+    """The closest choice to a mistyped name, in the two forms the error lines use, or nothing when none is close."""
+    from upslope.errors import did_you_mean
+
+    assert did_you_mean("leanring_rate", ["learning_rate", "steps"]) == " (did you mean 'learning_rate'?)"
+    assert did_you_mean("acuracy", {"accuracy": 1}, shown=lambda m: f"eval/{m}", paren=False) == \
+        "; did you mean 'eval/accuracy'?"
+    assert did_you_mean("zzz", ["learning_rate", "steps"]) == ""

@@ -2,13 +2,12 @@
 registries, and options that cannot act in the configuration they are in (each a one-line ConfigError)."""
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from pydantic import BaseModel
 
 from upslope.config_base import Plugin, Section
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 
 
 # options that became plugins: old spelling -> where it lives now
@@ -73,6 +72,5 @@ def check_plugin_names(section: BaseModel, source: str = "config", prefix: str =
             known = REGISTRIES[str(kind)].names() + list(EXTRA_NAMES.get(str(kind), ()))
             if name in known or (kind == "reward" and ":" in name):  # reward: also a user `module:function`
                 continue
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            hint = did_you_mean(name, known)
             raise ConfigError(f"{source}: {where}: unknown {kind} '{name}'{hint}; known: {', '.join(sorted(known))}")

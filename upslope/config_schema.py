@@ -2,11 +2,12 @@
 valid at a location, and the table of every option with its default and help."""
 from __future__ import annotations
 
-import difflib
 from types import UnionType
 from typing import Any, Union
 
 from pydantic import BaseModel, ValidationError
+
+from upslope.errors import did_you_mean
 
 
 def describe(exc: ValidationError, root: type[BaseModel]) -> str:
@@ -18,8 +19,7 @@ def describe(exc: ValidationError, root: type[BaseModel]) -> str:
     key = dotted(root, err["loc"])
     if err["type"] == "extra_forbidden":
         valid = fields_at(root, loc[:-1])
-        near = difflib.get_close_matches(loc[-1], valid, n=1)
-        hint = f"; did you mean '{dotted(root, (*err['loc'][:-1], near[0]))}'?" if near else ""
+        hint = did_you_mean(loc[-1], valid, shown=lambda near: dotted(root, (*err["loc"][:-1], near)), paren=False)
         return f"unknown key '{key}'{hint} (valid here: {', '.join(valid)})"
     given = err.get("input")
     msgs = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in errors if dotted(root, e["loc"]) == key)

@@ -1,10 +1,23 @@
 """User-facing errors: one clear line, no traceback."""
 from __future__ import annotations
 
+import difflib
+from typing import Callable, Iterable
+
 
 def one_line(text: str) -> str:
     """An error message as one line (a library's multi-line message is joined)."""
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, shown: Callable[[str], str] = str, paren: bool = True) -> str:
+    """" (did you mean 'X'?)" naming the choice closest to a mistyped `name` (difflib's best match), or "" when
+    none is close; `shown` renders the match (a dotted path, a prefix), `paren=False` gives "; did you mean 'X'?"."""
+    near = difflib.get_close_matches(name, list(choices), n=1)
+    if not near:
+        return ""
+    text = f"did you mean '{shown(near[0])}'?"
+    return f" ({text})" if paren else f"; {text}"
 
 
 class UpslopeError(Exception):

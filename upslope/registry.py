@@ -10,7 +10,6 @@ names and types, and callers read `entry.traits.grouped`, never a string.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import re
@@ -20,7 +19,7 @@ from typing import Any, Callable, Generic, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from upslope.config_base import bool_problem
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -202,8 +201,7 @@ class Registry(Generic[F]):
         known = {f.name: f for f in fields(self.traits)}
         for key in given:
             if key not in known:
-                near = difflib.get_close_matches(key, list(known), n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                hint = did_you_mean(key, known)
                 raise TypeError(f"{self.kind} '{name}': unknown trait '{key}'{hint}; "
                                 f"known: {', '.join(known) or 'none'}")
         try:
@@ -248,8 +246,7 @@ class Registry(Generic[F]):
         if name not in self._entries:
             load_builtins()
         if name not in self._entries:
-            near = difflib.get_close_matches(name, self.names(), n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            hint = did_you_mean(name, self.names())
             at = f"{where}: " if where else ""
             raise ConfigError(f"{at}unknown {self.kind} '{name}'{hint}; known: {', '.join(self.names())}")
         return self._entries[name]
@@ -262,8 +259,7 @@ class Registry(Generic[F]):
         at = f"{where}." if where else ""
         for key, value in list(options.items()):
             if key not in known:
-                near = difflib.get_close_matches(key, list(known), n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                hint = did_you_mean(key, known)
                 valid = ", ".join(known) or "none"
                 raise ConfigError(f"{at}{key}: unknown option for {self.kind} '{name}'{hint}; valid: {valid}")
             ann = known[key].annotation

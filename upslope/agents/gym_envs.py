@@ -24,7 +24,7 @@ import typing
 from typing import Any, Literal
 
 from upslope.agents.env import Environment, Message, StepResult
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 from upslope.registry import ENVIRONMENTS
 
 
@@ -45,10 +45,7 @@ def skyrl_factory(env: str) -> Any:
 
         return load_user_function(env, "agent.env.options.env")
     if env not in skyrl_gym.registry:
-        import difflib
-
-        near = difflib.get_close_matches(env, list(skyrl_gym.registry), n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        hint = did_you_mean(env, skyrl_gym.registry)
         raise ConfigError(f"agent.env.options.env: skyrl_gym has no environment '{env}'{hint}; registered: "
                           f"{', '.join(sorted(skyrl_gym.registry))} (or give 'module:Class')")
     return lambda **kw: skyrl_gym.make(env, **kw)

@@ -14,7 +14,7 @@ from typing import Any
 
 from upslope.bounds import PositiveCount
 from upslope.data.types import Example
-from upslope.errors import ConfigError, DataError
+from upslope.errors import ConfigError, DataError, did_you_mean
 from upslope.registry import TASKS
 
 _TEST_SEED_OFFSET = 1_000_003
@@ -41,10 +41,7 @@ def generator(dataset: str, config_json: str, seed: int, size: int) -> Any:
     from reasoning_gym.factory import DATASETS
 
     if dataset not in DATASETS:
-        import difflib
-
-        near = difflib.get_close_matches(dataset, list(DATASETS), n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        hint = did_you_mean(dataset, DATASETS)
         raise ConfigError(f"data.options.dataset: reasoning-gym has no generator '{dataset}'{hint}; "
                           f"{len(DATASETS)} exist, e.g. {', '.join(sorted(DATASETS)[:6])}")
     try:

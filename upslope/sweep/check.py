@@ -2,12 +2,11 @@
 the metric's name against the config (and the plugins' options), each failure one ConfigError line."""
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from upslope.config import Config, load_config
 from upslope.config_base import Plugin, Section
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 from upslope.sweep.spec import EVAL_KEYS, Range, SweepSpec, yaml_value
 
 
@@ -86,8 +85,7 @@ def check_metric(metric: str, cfg: Config) -> None:
     name = metric.removeprefix("eval/")
     if name in known:
         return
-    near = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean 'eval/{near[0]}'?)" if near else ""
+    hint = did_you_mean(name, known, shown=lambda near: f"eval/{near}")
     more = f"; pass@k and maj@k need k in eval.k={ks}" if name.startswith(("pass@", "maj@")) else ""
     raise ConfigError(f"upslope sweep --metric {metric}: the evaluation does not log it{hint}{more}; "
                       f"it logs eval/{', eval/'.join(known)}")
@@ -95,7 +93,6 @@ def check_metric(metric: str, cfg: Config) -> None:
 
 def metric_missing(metric: str, logged: list[str], trial: str, step: int, flag: str = "metric") -> ConfigError:
     """The error for a metric (of the setting `flag`) a finished trial did not log."""
-    near = difflib.get_close_matches(metric, logged, n=1)
-    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    hint = did_you_mean(metric, logged)
     return ConfigError(f"upslope sweep --{flag.replace('_', '-')} {metric}: trial {trial} logged no such metric up to step {step}"
                        f"{hint}; it logged {', '.join(sorted(logged)) or 'nothing'}")

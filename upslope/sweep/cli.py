@@ -2,10 +2,9 @@
 read off the typed settings (SweepSpec), so `--help` and the checks come from one place."""
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 from upslope.sweep.spec import SweepSpec, parse_dimension
 
 LIST_FLAGS = ("rungs",)  # comma-separated on the command line
@@ -48,8 +47,7 @@ def parse(argv: list[str]) -> tuple[str | None, dict[str, Any], list[str]]:
             name, _, inline = arg[2:].partition("=")
             key = name.replace("-", "_")
             if f"--{name}" not in known:
-                near = difflib.get_close_matches(f"--{name}", known, n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                hint = did_you_mean(f"--{name}", known)
                 raise ConfigError(f"upslope sweep: unknown flag --{name}{hint}; see upslope sweep --help")
             if key in SWITCHES:
                 flags[key] = True

@@ -3,7 +3,6 @@ command line, or both), the search space, and the check of every value against t
 any trial runs."""
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -12,7 +11,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from upslope.config_base import Section, opt
-from upslope.errors import ConfigError
+from upslope.errors import ConfigError, did_you_mean
 from upslope.yaml_strict import load_yaml, parse_value
 
 
@@ -129,8 +128,7 @@ class SweepSpec(Section):
         from upslope.launch import TRAINERS
 
         if command not in TRAINERS:
-            near = difflib.get_close_matches(command, list(TRAINERS), n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            hint = did_you_mean(command, TRAINERS)
             raise ValueError(f"'{command}' is not a training command{hint}; known: {', '.join(TRAINERS)}")
         return command
 
@@ -207,8 +205,7 @@ def make_spec(raw: dict[str, Any], source: str = "upslope sweep") -> SweepSpec:
         err = exc.errors()[0]
         loc = [str(x) for x in err["loc"] if not str(x).startswith(("list[", "Annotated", "function-"))]
         if err["type"] == "extra_forbidden" and len(loc) == 1:
-            near = difflib.get_close_matches(loc[0], list(SweepSpec.model_fields), n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
+            hint = did_you_mean(loc[0], SweepSpec.model_fields, paren=False)
             raise ConfigError(f"{source}: unknown setting '{loc[0]}'{hint} (valid: "
                               f"{', '.join(SweepSpec.model_fields)})") from None
         given = err.get("input")
