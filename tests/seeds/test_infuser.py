@@ -4,6 +4,7 @@ along the preconditioned step."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,3 +161,13 @@ def test_influence_is_the_target_loss_change_along_the_preconditioned_step(updat
             p.add_(h * d)
     assert abs(float(got[0])) > 1.0
     assert float(got[0]) == pytest.approx((ahead - behind) / (2 * h), rel=2e-2)
+
+
+def test_the_influence_pass_refuses_a_sharded_learner_before_any_work(tmp_path):
+    from upslope.config import load_config
+    from upslope.train.trainers.rl import check_config
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "infuser.yaml"
+    cfg = load_config(recipe, [f"run_dir={tmp_path}", "dist.learner_procs=2"])
+    with pytest.raises(ConfigError, match="dist.learner_procs=2: advantage 'infuser' reads 'influence'"):
+        check_config(cfg)

@@ -40,6 +40,13 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: advantage '{cfg.algo.advantage.name}' compares completions "
                           f"within a group, so it needs rollout.n >= 2")
     check_token_rewards(cfg)
+    features = ADVANTAGES.get(cfg.algo.advantage.name).traits.features
+    if features and cfg.dist.learner_procs > 1:
+        from upslope.train.learner.salience import FEATURES
+
+        if getattr(FEATURES[features], "whole_batch", False):  # per-row gradients over the whole batch, one process
+            raise ConfigError(f"dist.learner_procs={cfg.dist.learner_procs}: advantage '{cfg.algo.advantage.name}' "
+                              f"reads '{features}', a pass over the whole batch on one learner process; use 1")
     if cfg.algo.replay is not None:  # its options fail here, before any model loads
         REPLAY.bind(cfg.algo.replay.name, cfg.algo.replay.options, where="algo.replay.options")
     SAMPLERS.bind(cfg.data.sampler.name, cfg.data.sampler.options, where="data.sampler.options")
