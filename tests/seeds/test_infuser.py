@@ -16,7 +16,7 @@ from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES, ROLLOUTS
 from upslope.rollout.base import SamplingParams
 from upslope.rollout.infuser import build_infuser, parse_draft
-from upslope.train.learner.influence import adam_preconditioner, completion_mask, influence, token_logprobs
+from upslope.train.learner.influence import adam_preconditioner, completion_mask, influence
 
 
 @pytest.mark.parametrize("reply, expected", [
@@ -119,11 +119,18 @@ def updater(tiny_model_path, tmp_path):
     return Updater.from_config(cfg, tiny_model_path, "cpu")
 
 
+def plain_logprobs(model, mb):
+    """[n, L]: log p(token t | < t) from the model's full logits (0 at position 0): the reference the pass is held to."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False).logits
+    lp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, mb.input_ids[:, 1:, None])[..., 0]
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
 def target_loss(updater, batch, rows):
     tb = batch.select(rows)
     mask = completion_mask(tb)
     with torch.no_grad():
-        return float(-(token_logprobs(updater.model, tb) * mask).sum() / mask.sum())
+        return float(-(plain_logprobs(updater.model, tb) * mask).sum() / mask.sum())
 
 
 def test_influence_is_the_target_loss_change_along_the_preconditioned_step(updater, tokenizer):
@@ -147,7 +154,7 @@ def test_influence_is_the_target_loss_change_along_the_preconditioned_step(updat
     # direction; then the target loss on either side of it
     rows, adv = [3, 4], torch.tensor([0.5 ** 0.5, -(0.5 ** 0.5)])
     mb = batch.select(rows)
-    surrogate = -((token_logprobs(updater.model, mb) * mb.loss_mask).sum(1) * adv).sum() / mb.loss_mask.sum()
+    surrogate = -((plain_logprobs(updater.model, mb) * mb.loss_mask).sum(1) * adv).sum() / mb.loss_mask.sum()
     direction = [pr * g for pr, g in zip(pre, torch.autograd.grad(surrogate, params))]
     h = 1e-4  # central difference: 0.3% from the derivative here (1e-3: 23% off, curvature)
     with torch.no_grad():

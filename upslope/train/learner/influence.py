@@ -17,13 +17,7 @@ import torch
 
 from upslope.algos.common import group_normalize
 from upslope.batch import Batch
-
-
-def token_logprobs(model: Any, mb: Batch) -> torch.Tensor:
-    """[n, L]: log-prob of each token given those before it (0 at position 0), with gradients."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False).logits
-    lp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, mb.input_ids[:, 1:, None])[..., 0]
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+from upslope.train.learner.logprobs import token_logprobs
 
 
 def completion_mask(batch: Batch) -> torch.Tensor:
@@ -73,7 +67,7 @@ def influence(updater: Any, batch: Batch) -> torch.Tensor:
     with updater.autocast():
         tb = batch.select(target).to(updater.device)
         mask = completion_mask(tb).to(updater.device)
-        nll = -(token_logprobs(model, tb) * mask).sum() / mask.sum().clamp(min=1)
+        nll = -(token_logprobs(model, tb.input_ids, tb.attention_mask, mask)[0] * mask).sum() / mask.sum().clamp(min=1)
     g_target = _gradients(model, params, nll)
     for g, p in zip(g_target, params):
         pre = adam_preconditioner(updater.optimizer, p)
@@ -99,7 +93,7 @@ def _question_influence(updater: Any, batch: Batch, rows: list[int], params: lis
     with updater.autocast():
         mb = batch.select(rows).to(updater.device)
         mask = mb.loss_mask.to(updater.device)
-        lp = token_logprobs(updater.model, mb)
+        lp = token_logprobs(updater.model, mb.input_ids, mb.attention_mask, mask)[0]
         surrogate = -((lp * mask).sum(1) * adv.to(lp.device)).sum() / mask.sum().clamp(min=1)
     grads = _gradients(updater.model, params, surrogate)
     return float(sum((a * b).sum() for a, b in zip(pre_target, grads)))
