@@ -216,3 +216,18 @@ def test_registered_as_grouped_and_bad_options_are_config_errors():
                     (consteer, {"beta": -1}), (ispo, {"tau": 1.0}), (codapo, {"w_min": 3.0})):
         with pytest.raises(ConfigError):
             fn(b, **bad)
+
+
+def test_an_extra_pass_gets_the_advantages_own_answer_region():
+    """The RL trainer gives a features pass the bound advantage's options it also takes (ISPO's answer_tokens as
+    configured, not its default; nothing to a source that takes none), and a salience pass the configured
+    answer region (FlowTracer's)."""
+    from upslope.train.learner.salience import FEATURES
+    from upslope.train.trainers.rl import bound_options, shared_options
+
+    ispo = ADVANTAGES.bind("ispo", {"answer_tokens": 7}, where="algo.advantage.options")
+    assert shared_options(ispo, FEATURES["answer_gain"]) == {"answer_tokens": 7}
+    assert shared_options(ADVANTAGES.bind("geoalign", {}, where="o"), FEATURES["hidden_mean"]) == {}
+    assert shared_options(ADVANTAGES.bind("infuser", {}, where="o"), FEATURES["influence"]) == {}
+    assert bound_options(ADVANTAGES.bind("flowtracer", {"answer_tokens": 5}, where="o"))["answer_tokens"] == 5
+    assert bound_options(ADVANTAGES.bind("flowtracer", {}, where="o"))["answer_tokens"] == 3  # its default

@@ -104,6 +104,26 @@ def stream_blocker(cfg: Config, sampler: Any = None) -> str | None:
     return None
 
 
+def bound_options(plugin: Any) -> dict[str, Any]:
+    """Every keyword option of a bound plugin (Registry.bind's partial) with its value: the config's where it set
+    one, else the plugin's default. (inspect.signature would follow the partial's __wrapped__ to the plain
+    function and show only the defaults.)"""
+    import inspect
+
+    given = getattr(plugin, "keywords", {})
+    return {k: given.get(k, p.default) for k, p in inspect.signature(inspect.unwrap(plugin)).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def shared_options(advantage_fn: Any, source: Any) -> dict[str, Any]:
+    """The bound advantage's options that its features `source` takes too (ISPO's answer_tokens: the answer region
+    the pass measures is the one the advantage credits)."""
+    import inspect
+
+    options = bound_options(advantage_fn)
+    return {k: options[k] for k in inspect.signature(source).parameters if k in options}
+
+
 def combine_piece_metrics(parts: list[Prepared]) -> dict[str, Any]:
     """What `Trainer.prepare` measured on each streamed piece, as it would have on the whole batch:
     token means (kl) weighted by each piece's trained tokens, `*/seconds` summed. The adv/ statistics
@@ -294,28 +314,21 @@ class Trainer(BaseTrainer):
         import time
 
         if self.features_source:
-            import inspect
-
             from upslope.train.learner.salience import FEATURES, rollout_features
 
             t0 = time.perf_counter()
             source = FEATURES[self.features_source]
-            params = inspect.signature(self.advantage_fn).parameters  # a source reading the answer region gets it
-            extra = ({"answer_tokens": int(params["answer_tokens"].default)}
-                     if "answer_tokens" in params and "answer_tokens" in inspect.signature(source).parameters else {})
-            features = rollout_features(self.updater, batch, source, **extra)
+            features = rollout_features(self.updater, batch, source, **shared_options(self.advantage_fn, source))
             metrics["features/seconds"] = time.perf_counter() - t0
             return functools.partial(self.advantage_fn, features=features)
         source = self.salience_source
         if not source:
             return self.advantage_fn
-        import inspect
-
         from upslope.train.learner.salience import token_salience
 
         t0 = time.perf_counter()
         # the bound advantage's answer region (a salience advantage has the option: checked when it registers)
-        answer = int(inspect.signature(self.advantage_fn).parameters["answer_tokens"].default)
+        answer = int(bound_options(self.advantage_fn)["answer_tokens"])
         salience = token_salience(self.updater, batch, source, answer)
         metrics["salience/seconds"] = time.perf_counter() - t0
         return functools.partial(self.advantage_fn, salience=salience)
