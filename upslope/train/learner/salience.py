@@ -16,6 +16,7 @@ import torch
 
 from upslope.batch import Batch
 from upslope.errors import ConfigError
+from upslope.train.learner.logprobs import token_logprobs
 
 
 def answer_region(mask: torch.Tensor, answer_tokens: int) -> torch.Tensor:
@@ -130,14 +131,10 @@ def hidden_states(model: Any, mb: Batch) -> torch.Tensor:
 
 
 def answer_logprob(model: Any, ids: torch.Tensor, attention: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
-    """[n]: the mean log-prob of each row's `answer` tokens ([n, L] bool) given all before them; the LM head
-    runs only at the states that choose them."""
-    h = _body(model)(input_ids=ids, attention_mask=attention.long(), use_cache=False).last_hidden_state
-    rows, cols = torch.nonzero(answer[:, 1:], as_tuple=True)  # token cols + 1 is chosen by the state at cols
-    logits = model.get_output_embeddings()(h[rows, cols]).float()
-    lp = torch.log_softmax(logits, -1).gather(-1, ids[rows, cols + 1, None]).squeeze(-1)
-    total = torch.zeros(ids.shape[0], device=ids.device).index_add_(0, rows, lp)
-    return total / answer[:, 1:].sum(1).clamp(min=1)
+    """[n]: the mean log-prob of each row's `answer` tokens ([n, L] bool) given all before them (the learner's
+    token_logprobs: the LM head only where an answer token is chosen, each model family's head)."""
+    lp = token_logprobs(model, ids, attention, answer.float())[0]
+    return (lp * answer).sum(1) / answer[:, 1:].sum(1).clamp(min=1)
 
 
 @torch.no_grad()
