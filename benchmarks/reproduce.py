@@ -20,7 +20,11 @@ docs/results/reproductions.json with its command, the CPU time of its runs and `
 stamp of upslope, recipes and pyproject.toml the runs were made with (see git_head). A finished arm
 whose command and commit are unchanged is reused (so one baseline run serves every method's
 row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read (a
-teacher's is kept).
+teacher's is kept). Every finished arm is also recorded in the arm ledger (`--arms`, by default beside
+`--rows`: its command without interpreter and run directory, the code stamp, its metrics and CPU time), and
+an arm whose command and code stamp the ledger already holds is taken from it instead of run: a row can
+reuse baselines measured in another work directory, clone or session at the same code (a worktree checked
+out at the ledger's commit), while a changed package, recipe or command runs afresh.
 """
 from __future__ import annotations
 
@@ -183,19 +187,51 @@ def locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def ledger_args(cmd: Sequence[str]) -> list[str]:
+    """An arm's command as the ledger keys it: without the interpreter and the run directory, and a recipe of
+    this checkout named relative to it, so the same run made from another clone or work directory matches."""
+    out = []
+    for arg in cmd[1:]:
+        if arg.startswith("run_dir="):
+            continue
+        path = Path(arg)
+        out.append(str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT / "recipes")
+                   else arg)
+    return out
+
+
+def recorded(ledger: Path, cmd: Sequence[str], metrics: Sequence[str]) -> dict[str, float] | None:
+    """The metrics of `cmd` at this code stamp from the arm ledger, or None when it holds no such arm (or
+    lacks one of `metrics`)."""
+    key, code = ledger_args(cmd), git_head()
+    for rec in reversed(load_rows(ledger)):
+        if rec["args"] == key and rec["code"] == code and all(m in rec["metrics"] for m in metrics):
+            return {m: rec["metrics"][m] for m in metrics}
+    return None
+
+
+def record(ledger: Path, cmd: Sequence[str], got: dict[str, float], cpu_s: float) -> None:
+    """Append a finished arm to the ledger (side-by-side reproductions take turns)."""
+    rec = {"args": ledger_args(cmd), "code": git_head(), "metrics": got, "cpu_s": round(cpu_s, 1),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    with locked(ledger.with_name(f".{ledger.name}.lock")):
+        ledger.write_text(json.dumps([*load_rows(ledger), rec], indent=1) + "\n")
+
+
 def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,
-            keep_checkpoints: bool = False) -> tuple[dict[str, float], bool]:
+            keep_checkpoints: bool = False, ledger: Path | None = None) -> tuple[dict[str, float], bool]:
     """({metric: value}, reused): a finished run of the identical command at the same commit in `run_dir`
-    is reused (baselines are shared by every method's row); otherwise the directory is cleared and the
-    arm runs. The final checkpoint is deleted afterwards (metrics and evaluation samples stay) unless
-    `keep_checkpoints` (a distillation teacher). A second process asking for the same directory waits
+    is reused (baselines are shared by every method's row), then one the `ledger` records; otherwise the
+    directory is cleared, the arm runs and the ledger records it. The final checkpoint is deleted
+    afterwards (metrics and evaluation samples stay) unless `keep_checkpoints` (a distillation teacher,
+    whose checkpoint the ledger cannot give back). A second process asking for the same directory waits
     for the first and then reuses its run."""
     with locked(run_dir.parent / f".{run_dir.name}.lock"):
-        return _run_arm_unlocked(cmd, run_dir, metrics, fresh, keep_checkpoints)
+        return _run_arm_unlocked(cmd, run_dir, metrics, fresh, keep_checkpoints, ledger)
 
 
 def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool,
-                      keep_checkpoints: bool) -> tuple[dict[str, float], bool]:
+                      keep_checkpoints: bool, ledger: Path | None) -> tuple[dict[str, float], bool]:
     stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
     read = lambda: {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}  # noqa: E731
     if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
@@ -204,7 +240,12 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
                 return read(), True
         except (KeyError, OSError):
             pass
+    if ledger is not None and not fresh and not keep_checkpoints:
+        got = recorded(ledger, cmd, metrics)
+        if got is not None:
+            return got, True
     shutil.rmtree(run_dir, ignore_errors=True)
+    cpu0 = children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -212,7 +253,10 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
     if not keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     stamp_file.write_text(json.dumps(stamp))
-    return read(), False
+    got = read()
+    if ledger is not None:
+        record(ledger, cmd, got, children_cpu_s() - cpu0)
+    return got, False
 
 
 def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], fresh: bool = False,
@@ -259,10 +303,11 @@ def stamp_key(*parts: Any) -> str:
 
 
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
-              dry_run: bool = False, fresh: bool = False, task: str | None = None) -> dict[str, Any] | None:
+              dry_run: bool = False, fresh: bool = False, task: str | None = None,
+              ledger: Path | None = None) -> dict[str, Any] | None:
     """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim), on `task` (an
-    external task of reproduce_tasks.TASKS; None: the recipes' own); the row (None with dry_run, which prints
-    the commands)."""
+    external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
+    code; the row (None with dry_run, which prints the commands)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
     on_task: list[str] = []
@@ -300,7 +345,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
             if dry_run:
                 print(shlex.join(cmd))
                 continue
-            got, again = run_arm(cmd, run_dir, keys, fresh)
+            got, again = run_arm(cmd, run_dir, keys, fresh, ledger=ledger)
             for m in keys:
                 values[m][arm].append(got[m])
             reused += again
@@ -511,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "recipes' own); its task, reward, reply length and evaluation replace the recipes'")
     ap.add_argument("--work", default="/tmp/upslope-reproduce", help="run directories go here")
     ap.add_argument("--rows", default=str(ROWS), help="JSON file the row is appended to")
+    ap.add_argument("--arms", help="the arm ledger: finished arms are recorded here and taken from it at the same "
+                    "code (default: ROWS_arms.json beside --rows)")
     ap.add_argument("--doc", default=str(DOC), help="the page --render writes")
     ap.add_argument("--render", action="store_true", help="write --doc from --rows (and the notes), run nothing")
     a = ap.parse_args(argv)
@@ -526,7 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.seeds < 2 and not a.dry_run:
         ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
-    row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task)
+    ledger = Path(a.arms) if a.arms else rows_path.with_name(f"{rows_path.stem}_arms.json")
+    row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task,
+                    ledger=ledger)
     if row is not None:
         with locked(rows_path.with_name(f".{rows_path.name}.lock")):  # rows finishing side by side
             rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")

@@ -136,6 +136,38 @@ def test_a_finished_identical_run_is_reused(tmp_path):
     assert base != rp.arm_dir(tmp_path, "ads", "baseline", "headroom", 30, ["a=1"], 0)
 
 
+def test_the_arm_ledger_serves_the_same_command_at_the_same_code_from_another_directory(tmp_path, monkeypatch):
+    """An arm recorded in the ledger is taken from it by a run in another work directory (its run_dir differs,
+    the ledger keys the command without it and names the recipe relative to the checkout); a changed command
+    or code stamp, or --fresh, runs it (a real subprocess that counts its launches) and records it again."""
+    launches, ledger = tmp_path / "launches", tmp_path / "rows_arms.json"
+    recipe = str(rp.ROOT / "recipes" / "headroom.yaml")
+
+    def cmd(run_dir: Path, acc: float) -> list[str]:  # the run writes where its run_dir= argument says
+        code = (f"import json, pathlib, sys; open({str(launches)!r}, 'a').write('x'); "
+                "p = pathlib.Path(sys.argv[-1].split('=', 1)[1]); p.mkdir(parents=True, exist_ok=True); "
+                f"(p / 'metrics.jsonl').write_text(json.dumps({{'step': 2, 'eval/accuracy': {acc}}}) + '\\n')")
+        return [sys.executable, "-c", code, recipe, f"run_dir={run_dir}"]
+
+    acc = ["eval/accuracy"]
+    first, second = tmp_path / "work1" / "seed0", tmp_path / "work2" / "seed0"
+    assert rp.run_arm(cmd(first, 0.25), first, acc, ledger=ledger) == ({"eval/accuracy": 0.25}, False)
+    (rec,) = json.loads(ledger.read_text())
+    assert rec["code"] == rp.git_head() and rec["metrics"] == {"eval/accuracy": 0.25} and rec["cpu_s"] >= 0
+    assert rec["args"][-1] == "recipes/headroom.yaml" and not any(a.startswith("run_dir=") for a in rec["args"])
+    assert rp.run_arm(cmd(second, 0.25), second, acc, ledger=ledger) == ({"eval/accuracy": 0.25}, True)
+    assert launches.read_text() == "x" and not second.exists()  # nothing ran
+    assert rp.run_arm(cmd(second, 0.5), second, acc, ledger=ledger) == ({"eval/accuracy": 0.5}, False)  # another command
+    assert rp.run_arm(cmd(tmp_path / "w", 0.5), tmp_path / "w", acc, fresh=True, ledger=ledger)[1] is False
+    assert launches.read_text() == "xxx" and len(json.loads(ledger.read_text())) == 3
+    assert rp.recorded(ledger, cmd(first, 0.25), ["eval/pass@8"]) is None  # a metric the record lacks
+    monkeypatch.setattr(rp, "git_head", lambda: "another-code")
+    assert rp.recorded(ledger, cmd(first, 0.25), acc) is None  # another code stamp
+    third = tmp_path / "work3" / "seed0"
+    assert rp.run_arm(cmd(third, 0.25), third, acc, ledger=ledger)[1] is False
+    assert launches.read_text() == "xxxx" and len(json.loads(ledger.read_text())) == 4
+
+
 def test_two_processes_asking_for_one_shared_run_make_it_once(tmp_path):
     """Two reproductions side by side that share a baseline directory: the second waits for the first's
     run (a real subprocess that takes a moment and counts its launches) and reuses it."""
