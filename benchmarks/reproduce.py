@@ -211,11 +211,9 @@ def recorded(ledger: Path, cmd: Sequence[str], metrics: Sequence[str]) -> dict[s
 
 
 def record(ledger: Path, cmd: Sequence[str], got: dict[str, float], cpu_s: float) -> None:
-    """Append a finished arm to the ledger (side-by-side reproductions take turns)."""
-    rec = {"args": ledger_args(cmd), "code": git_head(), "metrics": got, "cpu_s": round(cpu_s, 1),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    with locked(ledger.with_name(f".{ledger.name}.lock")):
-        ledger.write_text(json.dumps([*load_rows(ledger), rec], indent=1) + "\n")
+    """Append a finished arm to the ledger."""
+    append_row(ledger, {"args": ledger_args(cmd), "code": git_head(), "metrics": got, "cpu_s": round(cpu_s, 1),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
 
 
 def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,
@@ -542,6 +540,12 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append `row` to the JSON list in `path` (created if missing); processes finishing side by side take turns."""
+    with locked(path.with_name(f".{path.name}.lock")):
+        path.write_text(json.dumps([*load_rows(path), row], indent=1) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("method", nargs="?", choices=sorted(METHODS), help="the method to reproduce")
@@ -577,8 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task,
                     ledger=ledger)
     if row is not None:
-        with locked(rows_path.with_name(f".{rows_path.name}.lock")):  # rows finishing side by side
-            rows_path.write_text(json.dumps([*load_rows(rows_path), row], indent=1) + "\n")
+        append_row(rows_path, row)
         print(json.dumps(row))
     return 0
 
