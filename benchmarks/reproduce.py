@@ -305,7 +305,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
               ledger: Path | None = None) -> dict[str, Any] | None:
     """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim), on `task` (an
     external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
-    code; the row (None with dry_run, which prints the commands)."""
+    code; the row (None with dry_run, which prints the commands, and for one seed: a part of a row split over
+    processes, whose arms the ledger and the run directories keep for the row's own run)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
     on_task: list[str] = []
@@ -350,6 +351,9 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
             shown = ", ".join(f"{m} = {got[m]:.4f}" for m in keys)
             print(f"{method} {arm} seed {seed}: {shown}{' (reused)' if again else ''}", flush=True)
     if dry_run:
+        return None
+    if len(seeds) < 2:
+        print(f"{method}: seed {seeds[0]} recorded for the row's own run; one seed makes no row (no interval)")
         return None
     command = shlex.join(["python", "benchmarks/reproduce.py", method, "--steps", str(steps),
                           "--seeds", str(len(seeds)), *(["--first-seed", str(seeds[0])] if seeds[0] else []),
@@ -550,7 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("method", nargs="?", choices=sorted(METHODS), help="the method to reproduce")
     ap.add_argument("--steps", type=int, default=60, help="training steps per run")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (FIRST..FIRST+N-1)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (FIRST..FIRST+N-1); 1: a part of a row, "
+                    "its arms run and recorded, no row")
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed (another process running the later "
                     "seeds of a row into the same --work lets the row's own run reuse them: a row split over cores)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -574,8 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if a.method is None:
         ap.error("name a METHOD (or --render)")
-    if a.seeds < 2 and not a.dry_run:
-        ap.error("--seeds: at least 2 seeds per arm are needed for an interval (3 or more recommended)")
+    if a.seeds < 1:
+        ap.error(f"--seeds: expected 1 or more (2 or more for a row with an interval), got {a.seeds}")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
     ledger = Path(a.arms) if a.arms else rows_path.with_name(f"{rows_path.stem}_arms.json")
     row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task,

@@ -310,10 +310,30 @@ def test_the_dry_run_of_every_claim(capsys):
         ("mean:mismatch", "lower"),)
 
 
-def test_one_seed_is_refused(capsys):
+def test_no_seed_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
-        rp.main(["cero", "--seeds", "1"])
-    assert exc.value.code == 2 and "at least 2 seeds" in capsys.readouterr().err
+        rp.main(["cero", "--seeds", "0"])
+    assert exc.value.code == 2 and "--seeds: expected 1 or more" in capsys.readouterr().err
+
+
+def test_one_seed_runs_and_records_its_arms_and_makes_no_row(tmp_path, monkeypatch, capsys):
+    """--first-seed K --seeds 1, a part of a row split over processes: both arms of seed K run (a real
+    subprocess each, standing in for `upslope train`) and go to the ledger; the rows file is untouched."""
+    launches = tmp_path / "launches"
+
+    def arm_command(recipe, seed, steps, run_dir, overrides, command="train"):
+        code = (f"import json, pathlib, sys; open({str(launches)!r}, 'a').write('x'); "
+                "p = pathlib.Path(sys.argv[-1]); p.mkdir(parents=True, exist_ok=True); "
+                f"(p / 'metrics.jsonl').write_text(json.dumps({{'step': 2, 'eval/accuracy': {0.25 + seed / 10}}}) + '\\n')")
+        return [sys.executable, "-c", code, recipe, str(run_dir)]
+
+    monkeypatch.setattr(rp, "arm_command", arm_command)
+    rows, ledger = tmp_path / "rows.json", tmp_path / "arms.json"
+    assert rp.main(["cero", "--seeds", "1", "--first-seed", "3", "--work", str(tmp_path / "w"), "--rows", str(rows),
+                    "--arms", str(ledger)]) == 0
+    assert launches.read_text() == "xx" and not rows.exists()
+    assert [r["metrics"] for r in json.loads(ledger.read_text())] == [{"eval/accuracy": 0.55}] * 2
+    assert "seed 3 recorded for the row's own run; one seed makes no row" in capsys.readouterr().out
 
 
 def tiny_args(method: str, model: str, tmp_path: Path, rows: Path) -> tuple[list[str], list[str]]:
