@@ -1,10 +1,11 @@
 """Miniature reproduction of a seed method's claimed direction: its recipe against its stated
 baseline on the same task, several seeds each, with a 95% interval on the difference.
 
-    python benchmarks/reproduce.py METHOD [--steps 60] [--seeds 3] [--dry-run] [--set key=value ...]
+    python benchmarks/reproduce.py METHOD [--steps 60] [--seeds 3] [--jobs 1] [--dry-run] [--set key=value ...]
     python benchmarks/reproduce.py --render          # regenerate docs/reproductions.md from the JSON rows
 
-Arms are interleaved (seed 0: method, baseline; seed 1: ...) and an arm's seed S runs with
+Arms are interleaved (seed 0: method, baseline; seed 1: ...), `--jobs N` of them at a time (each a process
+of its own: one per core with `--set=train.threads=1`; each arm records its own CPU time), and an arm's seed S runs with
 `train.seed=S engine.seed=S`, so both arms see the same prompts per seed. Each arm is one
 `upslope train` (or the claim's `command`, e.g. `distill`; a distillation claim first trains its
 teacher recipe once, seed 0, and gives both arms that run as `distill.teacher`; a claim's
@@ -34,13 +35,17 @@ import fcntl
 import hashlib
 import json
 import math
+import os
 import resource
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -243,18 +248,60 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
         if got is not None:
             return got, True
     shutil.rmtree(run_dir, ignore_errors=True)
-    cpu0 = children_cpu_s()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    returncode, stderr, cpu_s = run_measured(cmd)
+    if returncode != 0:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"the run in {run_dir} failed: {tail}")
     if not keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     stamp_file.write_text(json.dumps(stamp))
     got = read()
     if ledger is not None:
-        record(ledger, cmd, got, children_cpu_s() - cpu0)
+        record(ledger, cmd, got, cpu_s)
     return got, False
+
+
+def run_measured(cmd: Sequence[str]) -> tuple[int, str, float]:
+    """(exit code, stderr, CPU seconds) of `cmd`: the CPU time (user + system) of that process and the children
+    it waited for, read from its own rusage, so arms running side by side each record only their own."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: the run does not outlive its reproduction
+            proc.kill()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return proc.returncode, err.read().decode(errors="replace"), usage.ru_utime + usage.ru_stime
+
+
+def run_arms(planned: Sequence[tuple[int, str, Path, list[str]]], label: str, keys: Sequence[str], fresh: bool,
+             ledger: Path | None, jobs: int) -> list[tuple[dict[str, float], bool]]:
+    """Run the planned arms ((seed, arm, run dir, command), in the interleaved order), `jobs` at a time, each a
+    process of its own; say each as it finishes; their ({metric: value}, reused) in the planned order. Arms
+    asking for one shared run make it once (run_arm); when one fails, the arms not yet started are dropped and
+    those running are let finish (the ledger keeps them) before the failure is raised."""
+    failed = threading.Event()  # set by the arm that failed, before its worker takes the next
+
+    def one(seed: int, arm: str, run_dir: Path, cmd: list[str]) -> tuple[dict[str, float], bool] | None:
+        if failed.is_set():
+            return None  # dropped: an earlier arm failed
+        try:
+            got, again = run_arm(cmd, run_dir, keys, fresh, ledger=ledger)
+        except BaseException:
+            failed.set()
+            raise
+        shown = ", ".join(f"{m} = {got[m]:.4f}" for m in keys)
+        print(f"{label} {arm} seed {seed}: {shown}{' (reused)' if again else ''}", flush=True)
+        return got, again
+
+    if jobs == 1:
+        return [one(*item) for item in planned]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # leaving it waits for the arms still running
+        futures = [pool.submit(one, *item) for item in planned]
+        return [f.result() for f in futures]  # the first failure, in the planned order, is raised here
 
 
 def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], fresh: bool = False,
@@ -302,9 +349,9 @@ def stamp_key(*parts: Any) -> str:
 
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
               dry_run: bool = False, fresh: bool = False, task: str | None = None,
-              ledger: Path | None = None) -> dict[str, Any] | None:
-    """Run both arms interleaved over `seeds` (after the teacher, for a distillation claim), on `task` (an
-    external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
+              ledger: Path | None = None, jobs: int = 1) -> dict[str, Any] | None:
+    """Run both arms interleaved over `seeds`, `jobs` at a time (after the teacher, for a distillation claim), on
+    `task` (an external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
     code; the row (None with dry_run, which prints the commands, and for one seed: a part of a row split over
     processes, whose arms the ledger and the run directories keep for the row's own run)."""
     claim = METHODS[method]
@@ -336,22 +383,21 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
                                   extra, fresh, dry_run)
         reused += again
         arms["method"] = search["recipe"]
+    planned = []
     for seed in seeds:
         for arm, recipe in arms.items():
             run_dir = arm_dir(work, method, arm, recipe, steps, overrides, seed)
             own = [o.format(steps=steps, half=max(1, steps // 2)) for o in claim.scaled] if arm == "method" else []
-            cmd = arm_command(recipe, seed, steps, run_dir, [*overrides, *own], claim.command_of(arm))
-            if dry_run:
-                print(shlex.join(cmd))
-                continue
-            got, again = run_arm(cmd, run_dir, keys, fresh, ledger=ledger)
-            for m in keys:
-                values[m][arm].append(got[m])
-            reused += again
-            shown = ", ".join(f"{m} = {got[m]:.4f}" for m in keys)
-            print(f"{method} {arm} seed {seed}: {shown}{' (reused)' if again else ''}", flush=True)
+            planned.append((seed, arm, run_dir, arm_command(recipe, seed, steps, run_dir, [*overrides, *own],
+                                                            claim.command_of(arm))))
     if dry_run:
+        for *_, cmd in planned:
+            print(shlex.join(cmd))
         return None
+    for (_, arm, _, _), (got, again) in zip(planned, run_arms(planned, method, keys, fresh, ledger, jobs)):
+        for m in keys:
+            values[m][arm].append(got[m])
+        reused += again
     if len(seeds) < 2:
         print(f"{method}: seed {seeds[0]} recorded for the row's own run; one seed makes no row (no interval)")
         return None
@@ -558,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "its arms run and recorded, no row")
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed (another process running the later "
                     "seeds of a row into the same --work lets the row's own run reuse them: a row split over cores)")
+    ap.add_argument("--jobs", type=int, default=1, help="arms run at once, each a process of its own (with "
+                    "--set=train.threads=1, one per core uses a machine's cores; the row is the same)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
@@ -581,10 +629,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("name a METHOD (or --render)")
     if a.seeds < 1:
         ap.error(f"--seeds: expected 1 or more (2 or more for a row with an interval), got {a.seeds}")
+    if a.jobs < 1:
+        ap.error(f"--jobs: expected 1 or more, got {a.jobs}")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
     ledger = Path(a.arms) if a.arms else rows_path.with_name(f"{rows_path.stem}_arms.json")
     row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task,
-                    ledger=ledger)
+                    ledger=ledger, jobs=a.jobs)
     if row is not None:
         append_row(rows_path, row)
         print(json.dumps(row))

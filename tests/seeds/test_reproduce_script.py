@@ -336,6 +336,65 @@ def test_one_seed_runs_and_records_its_arms_and_makes_no_row(tmp_path, monkeypat
     assert "seed 3 recorded for the row's own run; one seed makes no row" in capsys.readouterr().out
 
 
+ARM_SIDE_BY_SIDE = """
+import json, pathlib, sys, time
+marks, seed, arm, run_dir = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], pathlib.Path(sys.argv[4])
+(marks / f"started-{seed}-{arm}").touch()
+if seed == 0 and arm == "method":
+    sys.exit("the method arm of seed 0 failed")
+deadline = time.monotonic() + 5  # wait for the other arm of this seed to start beside this one
+while len(list(marks.glob(f"started-{seed}-*"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.02)
+beside = len(list(marks.glob(f"started-{seed}-*"))) == 2
+if arm == "method":  # burns CPU, then ends first
+    end = time.process_time() + 0.6
+    while time.process_time() < end:
+        pass
+else:  # sleeps, and ends after the method arm: its CPU time must not include the method arm's
+    time.sleep(1.5)
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "metrics.jsonl").write_text(json.dumps({"step": 2, "eval/accuracy": seed / 10 + (arm == "method") / 100,
+                                                   "beside": float(beside)}) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_jobs_run_arms_side_by_side_each_recording_its_own_cpu(tmp_path, monkeypatch, failing):
+    """--jobs 2: the two arms of a seed run at once (each real subprocess sees the other start), the row's values
+    keep the seeds' order, and each arm's ledger CPU time is its own (a sleeping arm that ends after a busy one
+    records almost none). When an arm fails, the arms not yet started never run and the failure is one line."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def arm_command(recipe, seed, steps, run_dir, overrides, command="train"):
+        failing_seed = 0 if failing else -1
+        return [sys.executable, "-c", ARM_SIDE_BY_SIDE.replace("seed == 0", f"seed == {failing_seed}"), str(marks),
+                str(seed), "method" if recipe == "cero" else "baseline", str(run_dir)]
+
+    monkeypatch.setattr(rp, "arm_command", arm_command)
+    rows, ledger = tmp_path / "rows.json", tmp_path / "arms.json"
+    args = ["cero", "--seeds", "2", "--jobs", "2", "--work", str(tmp_path / "w"), "--rows", str(rows),
+            "--arms", str(ledger), "--steps", "2"]
+    if failing:
+        with pytest.raises(SystemExit, match="failed: the method arm of seed 0 failed"):
+            rp.main(args)
+        assert sorted(m.name for m in marks.iterdir()) == ["started-0-baseline", "started-0-method"]
+        assert [r["metrics"]["eval/accuracy"] for r in json.loads(ledger.read_text())] == [0.0]  # let finish
+        assert not rows.exists()
+        return
+    assert rp.main(args) == 0
+    (row,) = json.loads(rows.read_text())
+    assert row["arms"]["method"]["values"] == pytest.approx([0.01, 0.11])
+    assert row["arms"]["baseline"]["values"] == [0.0, 0.1]
+    arms = json.loads(ledger.read_text())
+    assert len(arms) == 4 and len(list(marks.iterdir())) == 4
+    for rec in arms:
+        method = "method" in rec["args"]
+        assert (rec["cpu_s"] >= 0.5) if method else (rec["cpu_s"] < 0.4), rec
+    for run_dir in (tmp_path / "w").glob("**/seed*"):
+        assert json.loads((run_dir / "metrics.jsonl").read_text())["beside"] == 1.0, run_dir
+
+
 def tiny_args(method: str, model: str, tmp_path: Path, rows: Path) -> tuple[list[str], list[str]]:
     """(the tiny-model overrides, reproduce.py's arguments): 2 steps x 2 seeds of METHOD on the tiny model."""
     tiny = [f"model.name={model}", "engine.name=hf", "rollout.prompts_per_step=2", "rollout.n=2",
@@ -347,11 +406,11 @@ def tiny_args(method: str, model: str, tmp_path: Path, rows: Path) -> tuple[list
 
 @pytest.mark.slow
 def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
-    """2 steps x 2 seeds x 2 arms of real `upslope train` runs on the tiny model: a row with four
-    measured values, its interval and verdict, and a page rendered from it."""
+    """2 steps x 2 seeds x 2 arms of real `upslope train` runs on the tiny model, two at a time: a row with four
+    measured values, its interval and verdict, each arm's own CPU time in the ledger, and a page rendered from it."""
     rows, doc = tmp_path / "rows.json", tmp_path / "reproductions.md"
     tiny, args = tiny_args("cero", tiny_model_path, tmp_path, rows)
-    assert rp.main(args) == 0
+    assert rp.main([*args, "--jobs", "2"]) == 0
     (row,) = json.loads(rows.read_text())
     assert len(row["arms"]["method"]["values"]) == 2 and len(row["arms"]["baseline"]["values"]) == 2
     assert row["verdict"] in ("reproduced", "not reproduced", "inconclusive") and row["cpu_s"] > 0
@@ -362,6 +421,9 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
             assert not (run_dir / "checkpoints").exists()  # deleted once the metric is read
     assert row["reused_runs"] == 0 and row["code"] == rp.git_head()
+    arms = json.loads(rows.with_name("rows_arms.json").read_text())
+    assert len(arms) == 4 and all(0 < a["cpu_s"] for a in arms)
+    assert sum(a["cpu_s"] for a in arms) == pytest.approx(row["cpu_s"], rel=0.05)  # each counted once
     for run_dir in (tmp_path / "runs").glob("**/seed*"):  # the stamp each run was made with
         assert json.loads((run_dir / "reproduce_stamp.json").read_text())["commit"] == row["code"]
     assert rp.main(args) == 0  # the same command again: every finished arm is reused, none runs
