@@ -13,7 +13,8 @@ import pytest
 
 from hermetic import ROOT
 from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in, readable_package_copy
-from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status
+from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, cgroup
+from upslope.sandbox.mounts import sweep_stale_tmpfs
 
 
 def test_config_and_job_validation():
@@ -124,6 +125,16 @@ def _program_running(marker: str) -> bool:
     return False
 
 
+def _sweep_what_the_killed_parent_left(pid: int) -> None:
+    """A killed parent cannot unmount its run's tmpfs (root only) or remove its cgroups; sweep them as the next
+    sandbox made on the host does, so the suite leaves nothing mounted, and check the sweep found them."""
+    cgroup.sweep_stale()
+    sweep_stale_tmpfs()
+    with open("/proc/self/mountinfo") as f:
+        left = [line.split()[4] for line in f if f"/upslope-run-{pid}-" in line]
+    assert left == [], f"the killed parent's run tmpfs is still mounted: {left}"
+
+
 @needs_bwrap
 def test_sandbox_dies_with_its_parent():
     """A trainer killed mid-run leaves no sandboxed process behind."""
@@ -135,6 +146,7 @@ def test_sandbox_dies_with_its_parent():
         parent.kill()
         parent.wait()
     assert _wait_until(lambda: not pids_with_marker(marker), 5), pids_with_marker(marker)
+    _sweep_what_the_killed_parent_left(parent.pid)
 
 
 @needs_bwrap
@@ -149,6 +161,7 @@ def test_parent_killed_during_setup_is_bounded_by_the_time_limit():
         parent.kill()
         parent.wait()
     assert _wait_until(lambda: not pids_with_marker(marker), 6), pids_with_marker(marker)
+    _sweep_what_the_killed_parent_left(parent.pid)
 
 
 def _system_python_ok() -> bool:
