@@ -80,14 +80,17 @@ def socket_memory() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def run_mounts() -> list[str]:
-    """The host mount points of the runs' own tmpfs (upslope.sandbox.mounts.RunTmpfs)."""
+def run_mounts(pid: int | None = None) -> list[str]:
+    """The host mount points of the runs' own tmpfs (upslope.sandbox.mounts.RunTmpfs); with `pid`, only those
+    of the sandboxes that process made."""
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             parts = line.split(" - ")
             if len(parts) == 2 and parts[1].split()[:2] == ["tmpfs", "upslope-sandbox"]:
-                out.append(parts[0].split()[4])
+                path = parts[0].split()[4]
+                if pid is None or os.path.basename(path).startswith(f"upslope-run-{pid}-"):
+                    out.append(path)
     return out
 
 

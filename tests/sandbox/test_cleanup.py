@@ -10,7 +10,7 @@ import time
 
 import pytest
 from hermetic import ROOT
-from sandbox_helpers import needs_bwrap
+from sandbox_helpers import needs_bwrap, run_mounts
 
 from upslope.sandbox import Sandbox, SandboxConfig
 
@@ -22,11 +22,6 @@ sb = Sandbox()
 print(sb.cgroups is not None, flush=True)
 sb.run(Job(code="import time\\ntime.sleep(60)", timeout_s=60))
 """
-
-
-def _mounts_of(pid: int) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return [line.split()[4] for line in f if f"/upslope-run-{pid}-" in line]
 
 
 def _groups_of(pid: int) -> list[str]:
@@ -41,17 +36,17 @@ def test_a_killed_trainers_mount_and_cgroups_are_swept():
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     has_cgroups = child.stdout.readline().strip() == "True"
     for _ in range(100):
-        if _mounts_of(child.pid):
+        if run_mounts(child.pid):
             break
         time.sleep(0.05)
-    assert _mounts_of(child.pid), "the run's tmpfs was not mounted"
+    assert run_mounts(child.pid), "the run's tmpfs was not mounted"
     assert bool(_groups_of(child.pid)) == has_cgroups
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     time.sleep(0.2)
-    assert _mounts_of(child.pid)  # left behind: nobody could clean up
+    assert run_mounts(child.pid)  # left behind: nobody could clean up
     Sandbox(SandboxConfig())  # the next sandbox on the host sweeps what dead ones left
     from upslope.sandbox import cgroup
 
     cgroup.sweep_stale()  # (available() ran it once per process already)
-    assert _mounts_of(child.pid) == [] and _groups_of(child.pid) == []
+    assert run_mounts(child.pid) == [] and _groups_of(child.pid) == []

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hermetic import ROOT
-from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in, readable_package_copy
+from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in, readable_package_copy, run_mounts
 from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, cgroup
 from upslope.sandbox.mounts import sweep_stale_tmpfs
 
@@ -130,9 +130,7 @@ def _sweep_what_the_killed_parent_left(pid: int) -> None:
     sandbox made on the host does, so the suite leaves nothing mounted, and check the sweep found them."""
     cgroup.sweep_stale()
     sweep_stale_tmpfs()
-    with open("/proc/self/mountinfo") as f:
-        left = [line.split()[4] for line in f if f"/upslope-run-{pid}-" in line]
-    assert left == [], f"the killed parent's run tmpfs is still mounted: {left}"
+    assert run_mounts(pid) == [], f"the killed parent's run tmpfs is still mounted: {run_mounts(pid)}"
 
 
 @needs_bwrap
