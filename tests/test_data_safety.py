@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Iterator
 
 import pytest
 import torch
+from run_helpers import metrics
 from safetensors.torch import load_file
 
 from upslope import checkpoint as ckpt
@@ -209,7 +209,7 @@ def test_inf_reward_falls_back_and_weights_stay_finite(tiny_model_path, tmp_path
     rd = tmp_path / "run"
     assert main(["train", *base(tiny_model_path, rd, "train.steps=2", "optim.lr=1e-2", "rollout.n=4",
                                 f"reward=[{{name: '{reward}:every_other_inf'}}]")]) == 0
-    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(rd)
     assert [r["reward_failures/every_other_inf"] for r in rows] == [4.0, 4.0]  # half of 8 samples a step
     assert all(math.isfinite(r["reward/mean"]) and math.isfinite(r["grad_norm"]) for r in rows)
     weights = load_file(rd / "checkpoints" / "step_000002" / "model" / "model.safetensors")
@@ -274,7 +274,7 @@ def test_diverging_run_stops_in_one_line_and_saves_only_finite_weights(tiny_mode
                               f"reward=[{{name: '{Path(__file__).parent / 'fixtures' / 'toy_rewards.py'}:long_text'}}]")])
     line = one_error(capsys, after_progress=True)
     assert rc == 2 and "optim.max_nonfinite_steps=3" in line, line
-    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(rd)
     assert [r["learner/nonfinite_skipped"] for r in rows] == [0.0, 1.0, 1.0]  # the 3rd skip raised in step 4
     for step in sorted((rd / "checkpoints").glob("step_*")):
         weights = load_file(step / "model" / "model.safetensors")

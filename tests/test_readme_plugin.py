@@ -4,13 +4,13 @@ through the command-line entry point; the user's loss must have been called ever
 recipe form must give the same config."""
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+from run_helpers import metrics
 
 from upslope.cli import main
 from upslope.config import load_config
@@ -50,7 +50,7 @@ def test_the_readme_plugin_example_trains(example_dir, tmp_path, monkeypatch, ti
                    "train.steps=2", "train.eval_before=false", "train.eval_after=false", "rollout.prompts_per_step=2",
                    "rollout.n=2", "log.progress=false", "log.plot=false", "log.tensorboard=false"])
     assert status == 0, capsys.readouterr().err
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     metric = [k for k in re.findall(r'"([\w/]+)": ', code) if "/" in k]

@@ -3,13 +3,13 @@ directory and its command trains 2 steps on the tiny model through the command-l
 then the environment and its tool are driven turn by turn, as the rollout drives them."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+from run_helpers import metrics
 
 from upslope.agents import ToolBox
 from upslope.agents.formats import Hermes
@@ -53,7 +53,7 @@ def trained(tmp_path_factory, tiny_model_path):
 def test_the_docs_example_trains(trained):
     name, code, args = doc_example()
     assert len(code.splitlines()) <= 45 and f"plugins=[{name}]" in args
-    rows = [json.loads(x) for x in (trained / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(trained)
     steps = [r for r in rows if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["agent/turns"] >= 1 and "reward/env/correct" in r for r in steps)

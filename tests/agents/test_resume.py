@@ -2,11 +2,11 @@
 resume, 1 step (same weights, same metrics, agent metrics included)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from agent_helpers import ECHO
+from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
 
 from upslope.config import load_config
@@ -23,16 +23,7 @@ def overrides(model: str, run_dir: Path, *extra: str) -> list[str]:
 
 
 def run(args: list[str]) -> None:
-    trainer = Trainer(load_config(None, args))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")} for r in rows]
+    trained(Trainer(load_config(None, args)))
 
 
 def test_resume_in_the_middle_of_a_multi_turn_run(tiny_model_path, tmp_path):
@@ -45,7 +36,7 @@ def test_resume_in_the_middle_of_a_multi_turn_run(tiny_model_path, tmp_path):
     b = load_file(split / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    rows = metrics(straight)
-    assert rows == metrics(split) and len(rows) == 2
+    rows = learning(metrics(straight))
+    assert rows == learning(metrics(split)) and len(rows) == 2
     assert all(r["agent/turns"] > 1 and r["agent/env_tokens"] > 0 for r in rows)
     assert any(r["reward/std"] > 0 for r in rows)  # the trajectories carried a learning signal

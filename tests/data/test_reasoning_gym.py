@@ -3,9 +3,9 @@ question with train, the generator's own verifier as the reward, bad names and c
 a 2-step training run on the tiny model through the command line."""
 from __future__ import annotations
 
-import json
 
 import pytest
+from run_helpers import metrics
 
 pytest.importorskip("reasoning_gym")
 
@@ -90,7 +90,7 @@ def test_config_defaults_and_a_training_run(tmp_path, tiny_model_path):
                    "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8", "eval.limit=4",
                    "log.progress=false", "log.plot=false", "log.tensorboard=false"])
     assert status == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert all("reward/reasoning_gym" in r for r in rows if "loss" in r)
     assert any("eval/accuracy" in r for r in rows)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.cli import main
 
@@ -40,7 +41,7 @@ def test_two_rank_run_checkpoints_shards_and_resumes_in_one_process(tiny_model_p
     step1 = run / "checkpoints" / "step_000001"
     assert (step1 / "sharded" / ".metadata").is_file() and any((step1 / "model").glob("*.safetensors"))
     assert main([*args, "train.steps=2", "train.resume=latest"]) == 0  # 2 -> 1
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in metrics(run)]
     assert steps == [1, 2]
     assert (run / "checkpoints" / "step_000002" / "COMPLETE").is_file()
 
@@ -64,7 +65,7 @@ def test_pair_and_distill_trainers_run_on_two_ranks(tiny_model_path, tmp_path, c
     run = tmp_path / "run"
     assert main([command, f"model.name={tiny_model_path}", f"run_dir={run}", *TINY_RUN, *extra, *path,
                  "train.steps=1", "dist.learner_procs=2", "dist.strategy=fsdp"]) == 0
-    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (record,) = metrics(run)
     assert logged in record and record["loss"] != 0
     step1 = run / "checkpoints" / "step_000001"
     assert (step1 / "sharded" / ".metadata").is_file() and any((step1 / "model").glob("*.safetensors"))
@@ -81,7 +82,7 @@ def test_ppo_critic_checkpoints_its_shards_and_resumes_in_one_process(tiny_model
     assert (step1 / "sharded" / "critic" / ".metadata").is_file()
     assert torch.load(step1 / "trainer.pt", weights_only=False)["critic"]["weights"] == "sharded"
     assert main([*args, "train.steps=2", "train.resume=latest"]) == 0  # 2 -> 1
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     assert [r["step"] for r in records] == [1, 2] and all("critic/loss" in r for r in records)
 
 

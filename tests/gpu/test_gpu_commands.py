@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.cli import main
 
@@ -29,9 +30,6 @@ def common(model: str, run_dir: Path, *extra: str) -> list[str]:
             "rollout.n=4", "rollout.max_new_tokens=8", f"reward=[{{name: '{TOY}:long_text'}}]", *extra]
 
 
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 def hardware_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "hardware.json").read_text())
@@ -40,7 +38,7 @@ def hardware_record(run_dir: Path) -> dict:
 def test_train_three_steps_with_the_hf_engine_on_the_gpu(gpu_tiny_model, tmp_path):
     run = tmp_path / "train"
     assert main(["train", *common(gpu_tiny_model, run, "engine.name=hf", "train.steps=3")]) == 0
-    got = rows(run)
+    got = metrics(run)
     assert [r["step"] for r in got] == [1, 2, 3] and all(r["rollout/engine_on_gpu"] == 1.0 for r in got)
     assert all(r["rollout/tokens_per_s"] > 0 and r["learner/tokens_per_s"] > 0 for r in got)
     assert hardware_record(run)["defaults"]["on_gpu"]
@@ -52,7 +50,7 @@ def test_train_three_steps_with_the_paged_engine_on_the_gpu(gpu_tiny_model, tmp_
     run = tmp_path / "paged"
     assert main(["train", *common(gpu_tiny_model, run, "engine.name=hf_paged", "train.steps=3",
                                   "train.precision=float32", "model.dtype=float32", "engine.dtype=float32")]) == 0
-    got = rows(run)
+    got = metrics(run)
     assert [r["step"] for r in got] == [1, 2, 3] and all(r["rollout/engine_on_gpu"] == 1.0 for r in got)
     assert all(r["mismatch"] < 1e-3 for r in got), [r["mismatch"] for r in got]
     assert all(r["memory/gpu_peak_gib"] > 0 for r in got)
@@ -63,7 +61,7 @@ def test_train_two_steps_with_the_vllm_engine_colocated(gpu_tiny_model, tmp_path
     run = tmp_path / "vllm"
     assert main(["train", *common(gpu_tiny_model, run, "engine.name=vllm", "train.steps=2",
                                   "engine.gpu_memory_utilization=0.3")]) == 0
-    assert all(r["rollout/engine_on_gpu"] == 1.0 for r in rows(run))
+    assert all(r["rollout/engine_on_gpu"] == 1.0 for r in metrics(run))
 
 
 def test_eval_on_the_gpu(gpu_tiny_model, tmp_path):
@@ -75,7 +73,7 @@ def test_sft_on_the_gpu(gpu_tiny_model, tmp_path):
     run = tmp_path / "sft"
     assert main(["sft", *common(gpu_tiny_model, run, f"data.path={CHAT}", "data.messages_field=messages",
                                 "sft.batch_size=4", "train.steps=2")]) == 0
-    assert len(rows(run)) == 2
+    assert len(metrics(run)) == 2
 
 
 def test_dpo_on_policy_on_the_gpu(gpu_tiny_model, tmp_path):
@@ -108,4 +106,4 @@ def test_a_cpu_checkpoint_resumes_on_the_gpu(gpu_tiny_model, tmp_path, precision
     assert cpu.returncode == 0, cpu.stderr[-2000:]
     assert not hardware_record(run)["defaults"]["on_gpu"]
     assert main(["train", *args, "train.steps=2", "train.resume=latest"]) == 0
-    assert [r["step"] for r in rows(run)] == [1, 2]
+    assert [r["step"] for r in metrics(run)] == [1, 2]

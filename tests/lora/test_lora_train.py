@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
 
 from upslope import lora
@@ -44,8 +45,7 @@ def straight(tiny_model_path, tmp_path_factory) -> Path:
 
 
 def rows(run: Path) -> list[dict]:
-    keep = lambda r: {k: v for k, v in r.items() if not k.startswith("time/") and "tokens_per_s" not in k}  # noqa: E731
-    return [keep(json.loads(x)) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return learning(metrics(run))
 
 
 def test_train_with_lora_runs_and_checkpoints_only_a_small_adapter(straight, tiny_model_path):
@@ -64,11 +64,7 @@ def test_resume_with_lora_is_exact(straight, tiny_model_path, tmp_path):
     """2 steps == 1 step, stop, resume, 1 step: the same adapter bitwise and the same metrics."""
     split = tmp_path / "split"
     for extra in (["train.stop_after=1"], ["train.resume=latest"]):
-        trainer = Trainer(load_config(None, overrides(tiny_model_path, split, *extra)))
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
+        trained(Trainer(load_config(None, overrides(tiny_model_path, split, *extra))))
     a = load_file(straight / "checkpoints" / "step_000002" / "model" / lora.ADAPTER_WEIGHTS)
     b = load_file(split / "checkpoints" / "step_000002" / "model" / lora.ADAPTER_WEIGHTS)
     assert a.keys() == b.keys()

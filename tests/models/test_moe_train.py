@@ -4,10 +4,10 @@ with two updates per batch) replays the experts the engine recorded, and the loa
 routers' load-balancing loss; with neither, nothing is replayed or hooked."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from run_helpers import metrics
 
 from upslope import routing
 from upslope.cli import main
@@ -26,7 +26,7 @@ def train(model: str, run_dir: Path, *extra: str) -> list[dict]:
                  "optim.lr=1e-2", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=6",
                  "train.threads=1", "train.skip_zero_advantage=false", "train.updates_per_batch=2",
                  "data.options={count: 16}", *extra]) == 0
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics(run_dir)
 
 
 def counting_replays(monkeypatch) -> list[int]:

@@ -4,12 +4,12 @@ llm_judge's score parser on malformed replies and a local judge model (failures 
 identical queries answered once), and the process reward's step splitting and aggregation."""
 from __future__ import annotations
 
-import json
 import math
 import shutil
 
 import pytest
 import torch
+from run_helpers import metrics, trained
 
 from upslope.cli import main
 from upslope.config import RewardSpec
@@ -114,12 +114,8 @@ def test_reward_model_drives_training_end_to_end(reward_model_dir, tiny_model_pa
                              "train.steps=1", "train.threads=1", "train.micro_batch_tokens=512",
                              "algo.advantage.name=graphae", "algo.advantage.options.edges=reward_model",
                              f"reward=[{{name: reward_model, options: {{path: '{reward_model_dir}', keep_states: true}}}}]"])
-    trainer = Trainer(cfg)
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    trained(Trainer(cfg))
+    [row] = metrics(run)
     assert not any(k.startswith("reward_failures/") for k in row)
     assert row["reward/mean"] != 0.0  # neither the fallback (0) nor a zero head: the model's scores
 

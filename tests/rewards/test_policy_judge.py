@@ -4,10 +4,10 @@ one generate call per batch, cached per weights version; a query too long for th
 alone (counted); with no engine in the process, one config line; and a GRPO step judged so."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.config import RewardSpec, load_config
 from upslope.errors import ConfigError
@@ -104,5 +104,5 @@ def test_a_grpo_step_judged_by_the_policy_engine(tiny_model_path, tmp_path):
         assert judge.context.policy_engine() is trainer.runtime.engine
     finally:
         trainer.close()
-    [row] = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [row] = metrics(tmp_path)
     assert row["reward/llm_judge"] == pytest.approx(0.7) and not any(k.startswith("reward_failures/") for k in row)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from engine_helpers import divergence_margin, teacher_forced_logprobs
 
@@ -227,7 +228,6 @@ def test_kv_cache_auto_size_is_one_rollout_batch(smollm_path):
 def test_the_engine_samples_what_the_learner_scores(tiny_model_path, tmp_path, engine):
     """`upslope train` in fp32: the logged mismatch (mean |sampler - learner|
     log-prob over the batch, before the update) is float rounding only."""
-    import json
 
     from upslope.cli import main
 
@@ -238,7 +238,7 @@ def test_the_engine_samples_what_the_learner_scores(tiny_model_path, tmp_path, e
                  "train.eval_after=false", "rollout.prompts_per_step=3", "rollout.n=3", "rollout.max_new_tokens=8",
                  "train.steps=2", "train.threads=1", "train.precision=float32", "model.dtype=float32",
                  f"reward=[{{name: '{toy}:long_text'}}]"]) == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["mismatch"] < 1e-4 for r in rows), [r["mismatch"] for r in rows]
 

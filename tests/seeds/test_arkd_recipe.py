@@ -2,9 +2,10 @@
 the adaptive forward-KL weight is logged and stays inside [floor, 1 - floor], and its learned weighting moves."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from run_helpers import metrics
 
 from upslope.cli import main
 from upslope.models import make_tiny_model
@@ -20,7 +21,7 @@ def test_arkd_recipe_runs_and_logs_its_weight(tiny_model_path, smollm_path, tmp_
                "rollout.n=2", "rollout.max_new_tokens=6", "train.steps=2", "train.eval_before=false",
                "train.eval_after=false", "train.threads=1", f"distill.teacher={teacher}"])
     assert rc == 0
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     weights = [r["distill/arkd_fkl_weight"] for r in rows if "distill/arkd_fkl_weight" in r]
     assert len(weights) == 2 and all(0.1 - 1e-6 <= w <= 0.9 + 1e-6 for w in weights)
     # the learned weighting: its parameters logged each step, moved at step 2 by step 1's reward

@@ -3,12 +3,12 @@ model (the multiplier follows the logged discrepancy and is checkpointed; a veto
 the weights exactly as they were)."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics, trained
 
 from upslope import checkpoint as ckpt
 from upslope.algos.kl import k3
@@ -51,12 +51,7 @@ def overrides(model: str, run: Path, *extra: str) -> list[str]:
 
 
 def run(model: str, run_dir: Path, *extra: str) -> tuple[Trainer, list[dict]]:
-    trainer = Trainer(load_config(None, overrides(model, run_dir, *extra)))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return trainer, [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return trained(Trainer(load_config(None, overrides(model, run_dir, *extra)))), metrics(run_dir)
 
 
 def dcmdp_term(trainer: Trainer) -> DiscrepancyConstraint:

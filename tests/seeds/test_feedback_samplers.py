@@ -1,11 +1,11 @@
 """Feedback samplers (CERO, ADS-style boundary, boundary-aware, CoDaPO resampling), by hand-computed cases."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics, trained
 
 from upslope.config import DataConfig, Plugin
 from upslope.data.samplers import BoundaryAwareSampler, BoundarySampler, CeroSampler, make_sampler
@@ -249,11 +249,7 @@ def test_boundary_guidance_in_training(tiny_model_path, tmp_path):
                              "train.steps=3", "train.threads=1", "train.micro_batch_tokens=512", "data.options.count=2",
                              "data.sampler.name=boundary_aware", "data.sampler.options.locate_steps=1",
                              "data.sampler.options.guidance=answer_prefix"])
-    trainer = Trainer(cfg)
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    trained(Trainer(cfg))
+    rows = [r for r in metrics(run) if "loss" in r]
     assert [r.get("boundary/guided", 0.0) for r in rows] == [0.0, 1.0, 1.0]
     assert rows[0]["reward/mean"] == 0.0  # located: nothing solved

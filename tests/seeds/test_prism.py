@@ -3,11 +3,11 @@ sibling as the hard negative, one pair a tree), the option's check, and the reci
 on the tiny model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.batch import build_batch
 from upslope.config import load_config
@@ -73,5 +73,5 @@ def test_the_prism_recipe_runs_two_steps(tiny_model_path, tmp_path):
     finally:
         trainer.close()
     assert 0.0 <= results["after"]["accuracy"] <= 1.0
-    rows = [json.loads(r) for r in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path / "r")
     assert max(r.get("pairs/kept", 0.0) for r in rows) > 0, f"no training step built a step pair: {rows}"

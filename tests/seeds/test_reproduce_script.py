@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_helpers import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
@@ -417,7 +418,7 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
     for arm, recipe in (("method", "cero"), ("baseline", "headroom")):
         for s in (0, 1):
             run_dir = rp.arm_dir(tmp_path / "runs", "cero", arm, recipe, 2, tiny, s)
-            recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            recs = metrics(run_dir)
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
             assert not (run_dir / "checkpoints").exists()  # deleted once the metric is read
     assert row["reused_runs"] == 0 and row["code"] == rp.git_head()
@@ -445,7 +446,7 @@ def test_tiny_distillation_reproduction_end_to_end(tiny_model_path, tmp_path):
     assert (teacher / "checkpoints").is_dir() and 0 <= row["teacher"]["eval/accuracy"] <= 1
     assert len(row["arms"]["method"]["values"]) == 2 and row["reused_runs"] == 0
     method_run = rp.arm_dir(tmp_path / "runs", "arkd", "method", "arkd", 2, [], 0)
-    recs = [json.loads(x) for x in (method_run / "metrics.jsonl").read_text().splitlines()]
+    recs = metrics(method_run)
     assert any("distill/arkd_fkl_weight" in r for r in recs)  # the distill command ran the arkd loss
     assert rp.main(args) == 0
     assert json.loads(rows.read_text())[-1]["reused_runs"] == 5

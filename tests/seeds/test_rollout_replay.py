@@ -2,12 +2,12 @@
 group ids, importance weights of replayed rows, and exact resume through a real tiny run."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics, trained
 
 from upslope.algos.correction import importance_correction
 from upslope.algos.replay import FreshAnchoredReplay, ReRULEReplay
@@ -122,12 +122,8 @@ def test_bad_plugin_options_fail_before_the_model_loads(override, expected, tmp_
 
 
 def run(overrides: list[str]) -> tuple[Trainer, list[dict]]:
-    trainer = Trainer(load_config(None, overrides))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return trainer, [json.loads(x) for x in (Path(trainer.cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    trainer = trained(Trainer(load_config(None, overrides)))
+    return trainer, metrics(trainer.cfg.run_dir)
 
 
 @pytest.mark.slow
@@ -150,8 +146,4 @@ def test_replay_and_cero_resume_exactly_in_a_real_run(tiny_model_path, tmp_path)
         assert float(trainer.sampler.trials.sum()) == 32.0 and trainer.sampler.draws == 4
     assert torch.equal(first.sampler.successes, second.sampler.successes)
 
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}
-                for r in rows]
-
-    assert strip(straight) == strip(split)
+    assert learning(straight) == learning(split)

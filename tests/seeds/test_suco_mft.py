@@ -2,8 +2,9 @@
 exactly the right replies within their group's sufficient length, by hand; the stage runs on the tiny model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from run_helpers import metrics
 
 from upslope.algos.rejection import keep_indices
 from upslope.cli import main
@@ -38,5 +39,5 @@ def test_the_stage_runs_through_upslope_rft(tiny_model_path, tmp_path):
                "rollout.n=2", "rollout.max_new_tokens=4", "train.steps=1", "train.eval_every=0",
                "train.eval_before=false", "train.eval_after=false", "train.threads=1"])
     assert rc == 0
-    [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "rft/kept" in x]
+    [row] = [r for r in metrics(run) if "rft/kept" in r]
     assert row["step"] == 1 and 0 <= row["rft/kept"] <= 4 and "reward/length" in row

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import metrics
 
 from upslope.cli import main
 from upslope.config import load_config
@@ -82,7 +83,7 @@ def test_promotion_resumes_the_trial_and_the_best_config_loads(tiny_model_path, 
     kept, stopped = out / "trials" / best, out / "trials" / other
     assert sorted(p.name for p in (kept / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
     assert not (stopped / "checkpoints").exists() and (stopped / "metrics.jsonl").exists()
-    records = [json.loads(x) for x in (kept / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(kept)
     assert [r["step"] for r in records if "loss" in r] == [1, 2]  # step 1 not redone: resumed from its checkpoint
     assert [r["step"] for r in records if "eval/mean_reward" in r] == [1, 2]
     assert res["best"]["value"] == records[-1]["eval/mean_reward"]

@@ -3,8 +3,9 @@ one line at its first steps. Provoked for real: an engine plugin (from a user fi
 drops every tensor, so from the second step the engine samples from the initial weights."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from run_helpers import metrics
 
 from upslope.cli import main
 from upslope.train.guards import mismatch_warning
@@ -37,7 +38,7 @@ def run(tiny_model_path: str, run_dir: Path, engine: str, plugins: list[str], ca
                    "rollout.n=4", "rollout.max_new_tokens=8", "train.threads=1", "train.skip_zero_advantage=false",
                    f"reward=[{{name: '{TOY}:long_text'}}]"])
     assert status == 0
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     return [r["mismatch"] for r in rows], capsys.readouterr().err
 
 

@@ -4,11 +4,11 @@ CPU run (bf16 weights, 8-bit moments) resumed on a GPU (fp32 master weights, tor
 its moments over instead of failing on their shapes."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.cli import main
 from upslope.train.learner.adamw import AdamW, dequantize_log8
@@ -86,5 +86,5 @@ def test_a_run_resumes_with_another_moment_layout(tiny_model_path, tmp_path, fir
               "train.precision=bfloat16", "train.save_every=1", f"reward=[{{name: '{TOY}:long_text'}}]"]
     assert main(["train", *common, *first, "train.steps=1"]) == 0
     assert main(["train", *common, *second, "train.steps=2", "train.resume=latest"]) == 0
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in metrics(run)]
     assert steps == [1, 2]

@@ -3,13 +3,13 @@ lines, it adds its part to the loss by hand-computed numbers, trains through `up
 reaches every learner rank (`upslope.train(cfg)` with dist.learner_procs=2 imports the file there)."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics
 
 from upslope.algos.aggregate import loss_normalizers
 from upslope.batch import Batch
@@ -80,7 +80,7 @@ def test_the_example_trains_through_the_command_line(plugin_file, tiny_model_pat
                    "train.updates_per_batch=2", f"plugins=[{plugin_file}]", f"reward=[{{name: '{TOY}:long_text'}}]",
                    "algo.terms=[{name: log_ratio_l2, options: {coef: 0.5}}]", "optim.lr=1e-3"])
     assert status == 0, capsys.readouterr().err
-    (record,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (record,) = metrics(run)
     assert record["log_ratio_l2/mean"] >= 0.0 and math.isfinite(record["loss"])
 
 
@@ -97,6 +97,6 @@ def test_python_api_runs_the_learner_ranks_with_the_users_plugins(plugin_file, t
     upslope.train(cfg)
     step1 = run / "checkpoints" / "step_000001"
     assert (step1 / "sharded" / ".metadata").is_file()
-    (record,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (record,) = metrics(run)
     assert "log_ratio_l2/mean" in record
 

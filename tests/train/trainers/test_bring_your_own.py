@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from run_helpers import metrics
 
 from upslope.cli import main
 
@@ -24,9 +25,6 @@ def tiny(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:
             "rollout.max_new_tokens=4", "train.steps=2", "eval.limit=2", "eval.max_new_tokens=4", "train.threads=1",
             "train.eval_before=false", *extra]
 
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def one_text(out: str) -> str:
@@ -46,7 +44,7 @@ def test_a_trl_grpo_dataset_and_reward_run_unchanged(tiny_model_path, tmp_path, 
             f"from its columns): data.messages_field=prompt, data.answer_field=solution") in text
     assert "reward 'accuracy_reward': TRL's fn(completions, **columns)" in text
     assert "detected from its signature (completions, solution, **kwargs)" in text
-    steps = [r for r in rows(run_dir) if "reward/mean" in r]
+    steps = [r for r in metrics(run_dir) if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("reward/accuracy_reward" in r and "reward/length_reward" in r for r in steps)
     assert not any(k.startswith("reward_failures/") for r in steps for k in r)
@@ -65,7 +63,7 @@ def test_a_verl_parquet_and_compute_score_run_unchanged(tiny_model_path, tmp_pat
     assert "read as verl's schema (detected from its columns): data.messages_field=prompt, " \
            "data.answer_field=reward_model.ground_truth" in text
     assert "reward 'compute_score': verl's compute_score(data_source, solution_str, ground_truth" in text
-    steps = [r for r in rows(run_dir) if "reward/mean" in r]
+    steps = [r for r in metrics(run_dir) if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2] and all("compute_score/acc" in r for r in steps)
     assert not any(k.startswith("reward_failures/") for r in steps for k in r)
     samples = [json.loads(x) for x in (run_dir / "eval" / "step2_samples.jsonl").read_text().splitlines()]
@@ -78,7 +76,7 @@ def test_trl_preference_rows_with_an_implicit_prompt_train_with_dpo(tiny_model_p
                                 f"dpo.path={FORMATS / 'trl_preference_implicit.jsonl'}", "dpo.pairs_per_step=2")])
     _, err = capsys.readouterr()
     assert status == 0, err
-    assert [r["step"] for r in rows(run_dir) if "loss" in r] == [1, 2]
+    assert [r["step"] for r in metrics(run_dir) if "loss" in r] == [1, 2]
 
 
 def test_evaluating_on_the_training_data_is_said_and_logged(tiny_model_path, tmp_path, capsys):
@@ -90,4 +88,4 @@ def test_evaluating_on_the_training_data_is_said_and_logged(tiny_model_path, tmp
     assert status == 0, err
     assert ("evaluation: all 2 held-out prompts are also training prompts (same prompt and answer), so the "
             "held-out accuracy is measured on training data; set eval.data to a disjoint set") in one_text(err)
-    assert [r["eval/train_overlap"] for r in rows(run_dir) if "eval/accuracy" in r] == [1.0]
+    assert [r["eval/train_overlap"] for r in metrics(run_dir) if "eval/accuracy" in r] == [1.0]

@@ -3,13 +3,13 @@ as teacher, a checkpoint as teacher, the teacher forwarded once per rollout batc
 updates, self-distillation's fixed point and temperature, and one-line errors for bad input."""
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics, trained
 
 from upslope.cli import main
 from upslope.config import load_config
@@ -28,17 +28,9 @@ def tiny_overrides(student: str, run_dir: Path, *extra: str) -> list[str]:
             "train.micro_batch_tokens=512", "train.threads=1", *extra]
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 def run(cfg_overrides: list[str], recipe: Path | None = None) -> DistillTrainer:
-    trainer = DistillTrainer(load_config(recipe, cfg_overrides))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return trainer
+    return trained(DistillTrainer(load_config(recipe, cfg_overrides)))
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +92,7 @@ def test_teacher_forwarded_once_per_rollout_batch(distill_run, tiny_model_path, 
                                                                                           calls["teacher"] + 1))
     trainer.updater.model.get_decoder().register_forward_hook(lambda *_: calls.__setitem__("student",
                                                                                           calls["student"] + 1))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
+    trained(trainer)
     assert calls == {"teacher": 2, "student": 2 * 5}
     assert [r["distill/teacher_forwards"] for r in metrics(tmp_path)] == [1.0, 1.0]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
 
 from upslope.cli import main
@@ -44,9 +45,6 @@ def on_policy_args() -> list[str]:
     return [f"reward=[{{name: '{TOY}:long_text'}}]"]  # a reward that differs within every group of the tiny model
 
 
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 def run(overrides: list[str], instrument=None) -> DPOTrainer:
     trainer = DPOTrainer(load_config(None, overrides))
@@ -64,7 +62,7 @@ def test_command_runs_two_steps(source, tiny_model_path, tmp_path):
     run_dir = tmp_path / "run"
     args = file_args(tmp_path) if source == "dataset" else on_policy_args()
     assert main(["dpo", *tiny(tiny_model_path, run_dir, *args)]) == 0
-    log = rows(run_dir)
+    log = metrics(run_dir)
     assert [r["step"] for r in log] == [1, 2]
     for r in log:
         assert {"loss", "pref/margin", "pref/accuracy", "pref/chosen_reward", "pref/rejected_reward",
@@ -139,22 +137,16 @@ def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     a = load_file(tmp_path / "straight" / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     b = load_file(tmp_path / "split" / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda rs: [{k: v for k, v in r.items()  # noqa: E731  (timings and rates differ between runs)
-                         if not k.startswith("time/") and not k.endswith("tokens_per_s")} for r in rs]
-    assert strip(rows(tmp_path / "straight")) == strip(rows(tmp_path / "split"))
+    assert learning(metrics(tmp_path / "straight")) == learning(metrics(tmp_path / "split"))
 
 
 @pytest.mark.parametrize("recipe", ["dpo", "ipo", "simpo", "sro", "bro"])
 def test_recipes_run_two_steps(recipe, tiny_model_path, tmp_path):
     cfg = load_config(ROOT / "recipes" / f"{recipe}.yaml", tiny(tiny_model_path, tmp_path, *on_policy_args()))
     assert cfg.dpo.loss.name == {"dpo": "sigmoid"}.get(recipe, recipe) and cfg.dpo.source == "on_policy"
-    trainer = DPOTrainer(cfg)
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    assert [r["step"] for r in rows(tmp_path)] == [1, 2]
-    assert all(math.isfinite(r["loss"]) for r in rows(tmp_path))
+    trained(DPOTrainer(cfg))
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in metrics(tmp_path))
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
 
 from upslope.cli import main
@@ -30,16 +31,8 @@ def tiny_overrides(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str
 
 
 def run_trainer(overrides: list[str]) -> Trainer:
-    trainer = Trainer(load_config(None, overrides))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return trainer
+    return trained(Trainer(load_config(None, overrides)))
 
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_tiny_model_learns_a_toy_reward(tiny_model_path, tmp_path):
@@ -89,11 +82,7 @@ def test_resume_is_bitwise_exact(algo, tiny_model_path, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}
-                for r in rows]
-
-    assert strip(metrics(straight)) == strip(metrics(split))
+    assert learning(metrics(straight)) == learning(metrics(split))
     assert len(metrics(split)) == 4
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics
 from safetensors.torch import load_file
 
 from upslope.cli import main
@@ -46,8 +47,7 @@ def overrides(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}
-            for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return learning(metrics(run_dir))
 
 
 def run(args: list[str], check_engine: bool = True) -> RandOptTrainer:

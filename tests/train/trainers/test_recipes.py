@@ -4,13 +4,13 @@ own trainers' tests in tests/train/trainers. A recipe rewarded by a trained rewa
 tiny one (the tiny model with a scalar head)."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from run_helpers import metrics, trained
 
 from upslope.config import RewardSpec, load_config
 from upslope.data import task_default_reward
@@ -93,11 +93,8 @@ def test_recipe_runs_two_steps(recipe, tiny_model_path, tiny_reward_model, tmp_p
         cfg.algo.reward_combiner.options = {**cfg.algo.reward_combiner.options, "constraints": {}}  # reward would tie
     trainer = Trainer(cfg)
     trainable = {n: p.detach().clone() for n, p in trainer.updater.model.named_parameters() if p.requires_grad}
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained(trainer)
+    rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     updated = [r for r in rows if not r.get("skipped") and r.get("learner/rows_skipped_frac", 0.0) < 1.0]
     assert updated, f"no step updated the policy: {rows}"

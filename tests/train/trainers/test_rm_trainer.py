@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import learning, metrics
 from safetensors.torch import load_file
 
 from upslope.cli import main
@@ -43,9 +44,6 @@ def file_args(tmp_path: Path, n: int = 40, held: int = 16) -> list[str]:
     return ["rm.source=dataset", f"rm.path={path}", f"rm.eval_pairs={held}", "rm.pairs_per_step=8"]
 
 
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 def run(overrides: list[str]) -> tuple[RMTrainer, dict]:
     trainer = RMTrainer(load_config(None, overrides))
@@ -66,7 +64,7 @@ def test_pairwise_accuracy_rises_and_the_checkpoint_is_an_hf_reward_model(tiny_m
     trainer, results = run(tiny(tiny_model_path, run_dir, *file_args(tmp_path), "train.steps=8"))
     assert results["before"]["accuracy"] == 0.5  # all ties: half credit each
     assert results["after"]["accuracy"] >= 0.9, results["after"]
-    train = [r["rm/accuracy"] for r in rows(run_dir) if "rm/accuracy" in r]
+    train = [r["rm/accuracy"] for r in metrics(run_dir) if "rm/accuracy" in r]
     assert len(train) == 8 and train[-1] > train[0]
 
     model_dir = run_dir / "checkpoints" / "step_000008" / "model"
@@ -113,13 +111,9 @@ def test_resume_is_exact(source, tiny_model_path, tmp_path):
     assert a.keys() == b.keys() and "score.weight" in a
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    def strip(rs):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("tokens_per_s")}
-                for r in rs]
-
-    assert strip(rows(straight)) == strip(rows(split))
+    assert learning(metrics(straight)) == learning(metrics(split))
     if source == "on_policy":
-        assert [r["step"] for r in rows(split) if "eval/rm_accuracy" in r] == [0, 4]
+        assert [r["step"] for r in metrics(split) if "eval/rm_accuracy" in r] == [0, 4]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -155,7 +149,7 @@ def test_the_rm_recipe_runs_on_policy_pairs(tiny_model_path, tmp_path):
         results = trainer.run()
     finally:
         trainer.close()
-    assert [m["pairs/kept"] for m in rows(run_dir) if "pairs/kept" in m] == [4.0, 4.0]
+    assert [m["pairs/kept"] for m in metrics(run_dir) if "pairs/kept" in m] == [4.0, 4.0]
     assert results["before"]["pairs"] == results["after"]["pairs"] == 4
     assert trainer.held_out is not None and trainer.held_out.size == 8
     assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").is_file()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import metrics, trained
 from safetensors.torch import load_file
 
 from upslope.cli import main
@@ -39,16 +40,8 @@ def rft_args(tiny_model_path: str, run_dir: Path, *extra: str) -> list[str]:
 
 
 def run(cls, overrides: list[str], recipe: Path | None = None):
-    trainer = cls(load_config(recipe, overrides))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
-    return trainer
+    return trained(cls(load_config(recipe, overrides)))
 
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_sft_command_runs_two_steps(tiny_model_path, tmp_path):
