@@ -32,6 +32,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from upslope import routing
+from upslope.distributed import shard
 from upslope.train.learner import packing
 from upslope.train.learner.amp import replay_autocast, save_autocast
 
@@ -246,7 +247,11 @@ def fast_head_matches(model: Any) -> bool:
     gives `model`'s own logits; checked once per model (a transformers model in one process: a sharded or
     wrapped model is trusted). The check feeds the model's head random hidden states scaled so that its
     logits spread over about +-40 (where a soft-cap or a scale shows) and compares the log-softmax of
-    what the model's forward returns with the fast head's. A mismatch is said once, in one line."""
+    what the model's forward returns with the fast head's. A mismatch is said once, in one line.
+
+    A sharded model is skipped: inside its FSDP forward the head's weight is a plain, gathered tensor, and the
+    check's own forward of the root would free that gather under it (a frozen model reshards after every
+    forward); every rank skips alike, so the ranks take the same path."""
     if model in _HEAD_CHECKED:
         return _HEAD_CHECKED[model]
     ok = True
@@ -255,7 +260,8 @@ def fast_head_matches(model: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     weight = getattr(model.get_output_embeddings(), "weight", None)
-    if isinstance(model, PreTrainedModel) and isinstance(weight, torch.Tensor) and not isinstance(weight, DTensor):
+    if (isinstance(model, PreTrainedModel) and isinstance(weight, torch.Tensor) and not isinstance(weight, DTensor)
+            and not shard.is_sharded(model)):
         gap = _head_gap(model)
         ok = gap <= (1e-3 if weight.dtype in (torch.float32, torch.float64) else 0.5)
         if not ok:
