@@ -103,7 +103,7 @@ def test_worker_killed_is_restarted_and_no_step_is_lost(ray_cluster, tiny_model_
     def kill_once(trainer: Trainer) -> None:
         deadline = time.time() + 120
         while time.time() < deadline:
-            pipe = getattr(trainer, "pipe", None)
+            pipe = getattr(getattr(trainer, "source", None), "pipe", None)  # the RayPipeline's worker pipe
             if pipe is not None and pipe.version >= 1 and pipe.inflight:
                 pid = ray.get(pipe.workers[0].pid.remote())
                 os.kill(pid, signal.SIGKILL)
@@ -135,7 +135,7 @@ def test_learner_resume_regenerates_the_groups_drawn_ahead(ray_cluster, tiny_mod
     groups are regenerated with the checkpoint's weights, the run ends at step 4 with no step lost."""
     out = tmp_path / "resume"
     common = ["train.steps=4", "dist.rollout_workers=1", "pipeline.max_staleness=1", "train.save_every=2",
-              "algo.correction.cap=2.0"]  # TIS against the stale sampler's log-probs
+              "pipeline.stale_correction=token"]  # TIS: the learner's old log-probs against the stale sampler's
     run(overrides(tiny_model_path, out, *common, "train.stop_after=2"))
     state = torch.load(out / "checkpoints" / "step_000002" / "trainer.pt", weights_only=False)
     assert sorted(state["pipeline"]) == [3, 4]
@@ -162,7 +162,8 @@ def test_dynamic_sampling_through_the_pipe(ray_cluster, tiny_model_path, tmp_pat
     step 1's update is the same to float32 rounding (AdamW eps large enough that rounding noise in a
     tiny gradient entry cannot become an lr-sized step)."""
     common = ["train.steps=2", "train.save_every=1", "rollout.n=2", "algo.filters=[{name: nonzero_std}]",
-              "rollout.max_resample_rounds=3", f"reward=[{{name: '{TOY}:even_length'}}]", "optim.eps=1e-4"]
+              "rollout.max_resample_rounds=3", f"reward=[{{name: '{TOY}:even_length'}}]", "optim.eps=1e-4",
+              "train.precision=float32", "model.dtype=float32", "engine.dtype=float32"]  # (auto may pick bf16)
     sync, whole, streamed = tmp_path / "sync", tmp_path / "whole", tmp_path / "streamed"
     pipe = ["dist.rollout_workers=1", "pipeline.max_staleness=0"]
     run(overrides(tiny_model_path, sync, *common))
