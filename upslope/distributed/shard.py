@@ -129,6 +129,18 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def agree(model: Any, flags: tuple[bool, ...], device: torch.device) -> tuple[bool, ...]:
+    """`flags` as every rank of a sharded model holds them: each one's AND over the ranks (one small
+    all-reduce). A forward's plan (shared prompt pass, packed sequence) decides how many times each
+    FSDP unit gathers its shards; ranks with different micro-batches could otherwise plan different
+    passes, and their collectives would pair up wrongly and hang in backward."""
+    if world() == 1 or not is_sharded(model):
+        return flags
+    votes = torch.tensor([int(f) for f in flags], device=device)
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN)
+    return tuple(bool(v) for v in votes.tolist())
+
+
 def loss_scale(model: Any) -> float:
     """Factor on each micro-batch loss before backward: FSDP averages the reduced gradients over
     the ranks (gloo has no pre-scaled sum), and the normalised losses need their plain sum."""

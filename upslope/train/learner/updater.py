@@ -210,16 +210,16 @@ class Updater:
         mb = mb.to(self.device)
         experts = mb.routed_experts if model is self.model else None
         with self.autocast():
-            shared = None
-            if self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids):
-                shared = (mb.prompt_lens, mb.seq_lens, mb.group_ids)
+            share = self.share_prompt and same_prompt_within_groups(mb.input_ids, mb.prompt_lens, mb.group_ids)
+            share, packed = shard.agree(model, (share, self.packs(mb, router_aux)), self.device)
+            shared = (mb.prompt_lens, mb.seq_lens, mb.group_ids) if share else None
             return shard.entry(model, token_scores)(mb.input_ids, mb.attention_mask, mb.loss_mask, shared=shared,
                                 chunk_rows=self.train_cfg.logprob_chunk, temperature=temperature,
                                 entropy_grad=entropy_grad and torch.is_grad_enabled(),
                                 gather_ids=None if gather_ids is None else gather_ids.to(self.device),
                                 top_k=top_k, top_k_vocab=top_k_vocab,
                                 checkpoint_layers=self.train_cfg.grad_checkpointing, truncation=truncation,
-                                routed_experts=experts, router_aux=router_aux, packed=self.packs(mb, router_aux))
+                                routed_experts=experts, router_aux=router_aux, packed=packed)
 
     @torch.no_grad()
     def score(self, batch: Batch, model: Any = None, *, temperature: float, top_k: int = 0,
