@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from hostile_cases import CASES as FIRST_CASES
 from hostile_cases import SECRET_DIRS, Case
 from hostile_cases_resources import MORE
-from sandbox_helpers import CHECKER_MARK, pids_with_marker, pids_with_uid_in, rss_of, run_mounts, socket_memory
+from sandbox_helpers import (CHECKER_MARK, mounted_usage, pids_with_marker, pids_with_uid_in, rss_of, run_mounts,
+                             socket_memory)
 
 from upslope.sandbox import Job, SandboxConfig, SandboxPool
 
@@ -297,9 +298,8 @@ class Sampler:
             self.last_oom_adj = min(adjs)
             self.min_oom_adj = min(adjs + ([self.min_oom_adj] if self.min_oom_adj is not None else []))
         for mount in run_mounts():
-            try:
-                st = os.statvfs(mount)
-            except OSError:
+            st = mounted_usage(mount)
+            if st is None:
                 continue
             self.peak_inodes = max(self.peak_inodes, st.f_files - st.f_ffree)
             self.peak_bytes = max(self.peak_bytes, (st.f_blocks - st.f_bfree) * st.f_frsize)

@@ -94,6 +94,22 @@ def run_mounts(pid: int | None = None) -> list[str]:
     return out
 
 
+def mounted_usage(mount: str) -> os.statvfs_result | None:
+    """statvfs of the filesystem mounted at `mount`, or None once it is no longer mounted there: a run
+    detaches its tmpfs as it ends, and a statvfs of the bare directory left behind reads the host's disk."""
+    try:
+        fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:  # the open fd keeps the tmpfs it reached, so checking that it is a mount and reading it agree
+        if os.fstat(fd).st_dev == os.stat(os.path.dirname(mount)).st_dev:
+            return None
+        return os.fstatvfs(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
 
 @contextlib.contextmanager
 def readable_package_copy() -> Iterator[str]:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from hostile_suite import CASES, CONFIG, HUMANEVAL, Bait, Sampler, Seen, detect, make_pool, run_case, run_naive
-from sandbox_helpers import needs_bwrap
+from sandbox_helpers import mounted_usage, needs_bwrap
 
 from upslope.sandbox import SandboxConfig
 
@@ -157,6 +157,26 @@ def test_sampler_sees_inodes_and_bytes_of_a_run_tmpfs():
                 open(f"{tmp.path}/tmp/g{i}", "w").close()
     finally:
         tmp.remove()
+
+
+def test_the_sampler_reads_a_run_tmpfs_only_while_it_is_mounted():
+    """The sampler lists the runs' tmpfs, then reads each: one detached in between leaves its bare
+    directory, whose statvfs is the host's disk, far over any run's limit."""
+    if os.geteuid() != 0:
+        pytest.skip("the per-run tmpfs is mounted as root only")
+    from upslope.sandbox.mounts import RunTmpfs
+
+    tmp = RunTmpfs(8 << 20, 300)
+    usage = mounted_usage(tmp.path)
+    assert usage is not None and usage.f_blocks * usage.f_frsize == 8 << 20
+    tmp.remove()
+    os.mkdir(tmp.path)  # the directory as a detached run leaves it until it is removed
+    try:
+        host = os.statvfs(tmp.path)
+        assert host.f_blocks * host.f_frsize > 8 << 20  # what a plain statvfs would have read
+        assert mounted_usage(tmp.path) is None
+    finally:
+        os.rmdir(tmp.path)
 
 
 def test_docs_table_is_the_suites():
