@@ -137,6 +137,7 @@ def test_valid_tool_call_turns_of_successful_trajectories_get_the_sft_term(token
         assert (out.advantages[i, p + 4:] == 0).all()
 
 
+@pytest.mark.slow  # 2 x 2 multi-turn conversations of up to 96 tokens a turn on vLLM's CPU build: about 20 s
 def test_multi_turn_through_vllm(agent_run, vllm_engine, hf_engine, tokenizer):
     """The same rollout through the session's vLLM engine (prefix caching on): rows render as the chat
     template renders the conversation, env tokens are masked, and vLLM's bf16 log-probs of the model

@@ -105,6 +105,7 @@ def test_a_short_context_model_trains_on_hf(short_model, tmp_path, capsys):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # a vLLM engine of its own in a training subprocess: about 30 s
 def test_a_short_context_model_trains_on_vllm(short_model, tmp_path):
     pytest.importorskip("vllm")
     proc = run_cli(tmp_path, "train", f"model.name={short_model}", "engine.name=vllm", f"run_dir={tmp_path / 'run'}",
