@@ -130,13 +130,13 @@ def test_trackio_database_holds_config_metrics_and_tables(tracked_run):
     assert list(tables[0]["_value"][0]) == TABLE_COLUMNS and len(tables[0]["_value"]) == 3
 
 
-def test_mlflow_file_store_holds_params_metrics_and_tables(tracked_run):
+def test_mlflow_file_store_holds_params_metrics_and_tables(tracked_run, tmp_path, monkeypatch):
     if "mlflow" not in TRACKERS:
         pytest.skip("mlflow is not installed")
     from mlflow.tracking import MlflowClient
 
     run_dir, _, _ = tracked_run
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
     [run] = client.search_runs([client.get_experiment_by_name("upslope").experiment_id])
     assert run.info.run_name == "byo-run" and run.data.params["rollout.n"] == "2"
@@ -144,5 +144,5 @@ def test_mlflow_file_store_holds_params_metrics_and_tables(tracked_run):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/pass_1")] == [2]  # '@' is not allowed
     files = sorted(f.path for f in client.list_artifacts(run.info.run_id, "rollouts"))
     assert files == ["rollouts/step_000001.json", "rollouts/step_000002.json"]
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, files[0])).read_text())
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, files[0], dst_path=str(tmp_path))).read_text())
     assert table["columns"] == TABLE_COLUMNS and len(table["data"]) == 3
