@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -15,6 +16,7 @@ from hermetic import ROOT
 from sandbox_helpers import needs_bwrap, pids_with_marker, pids_with_uid_in, readable_package_copy, run_mounts
 from upslope.sandbox import Job, Sandbox, SandboxConfig, SandboxPool, Status, cgroup
 from upslope.sandbox.mounts import sweep_stale_tmpfs
+from upslope.sandbox.reach import SHARED_TEMP_DIRS, others_can_enter, shared_work_parent
 
 
 def test_config_and_job_validation():
@@ -261,6 +263,29 @@ def test_weak_mode_scrubs_environment_and_cleans_up(weak_pool, monkeypatch):
     cwd = res.stdout.splitlines()[0]
     assert "s3cr3t-weak" not in res.stdout
     assert not os.path.exists(cwd)  # the temporary work directory is gone
+
+
+def test_a_private_temp_dir_is_not_where_other_users_work(tmp_path, monkeypatch):
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir(mode=0o700)
+    shared.mkdir(mode=0o711)
+    assert not others_can_enter(str(private)) and not others_can_enter(str(private / "below"))
+    assert others_can_enter("/") and others_can_enter(str(shared)) == others_can_enter(str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert shared_work_parent() in SHARED_TEMP_DIRS
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as an ordinary user a program runs as this user, who can enter its own temp dir")
+def test_weak_mode_as_root_runs_from_a_private_temp_dir(weak_pool, tmp_path, monkeypatch):
+    """TMPDIR set to a directory only its owner may enter (~/tmp, /run/user/UID): the run's own uid
+    could not reach a work directory made there, so the work directory goes in a shared temp dir."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    res = weak_pool.run(Job(code="import os; print(os.getcwd())"))
+    assert res.status is Status.OK, res.error or res.stderr
+    cwd = res.stdout.strip()
+    assert os.path.dirname(cwd) in SHARED_TEMP_DIRS and not os.path.exists(cwd)
 
 
 def test_weak_mode_kills_detached_children(weak_pool):

@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import upslope.sandbox.seccomp as seccomp
 from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
 from upslope.sandbox.mounts import (RunTmpfs, interpreter_args, interpreter_problem, sweep_stale_tmpfs, system_args,
                                     tmpfs_args)
+from upslope.sandbox.reach import others_can_run, shared_work_parent
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -104,25 +104,6 @@ def bwrap_problem() -> str | None:
             "kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
         )
     return None
-
-
-def _others_can_run(path: str) -> bool:
-    """Whether a user with no special rights can reach and execute `path` (and its symlink targets)."""
-    real = os.path.realpath(path)
-    for p in {os.path.abspath(path), real}:
-        parts = p.split("/")
-        for i in range(1, len(parts)):
-            d = "/".join(parts[:i]) or "/"
-            try:
-                if not os.stat(d).st_mode & stat.S_IXOTH:
-                    return False
-            except OSError:
-                return False
-    try:
-        mode = os.stat(real).st_mode
-    except OSError:
-        return False
-    return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
 
 
 def _memfd(data: str | bytes) -> int:
@@ -209,12 +190,15 @@ class Sandbox:
         missing = [t for t in needed if shutil.which(t) is None]
         if missing:
             return f"{' and '.join(missing)} (package util-linux) not found on PATH"
-        if self.root and not _others_can_run(self.config.python):
+        if self.root and not others_can_run(self.config.python):
             return (
                 f"as root it runs programs under an unprivileged uid, which cannot reach the interpreter "
                 f"{self.config.python}; set SandboxConfig(python=...) to one outside private directories "
                 "(e.g. /usr/bin/python3)"
             )
+        if self.root and shared_work_parent() is None:
+            return (f"as root it runs programs under an unprivileged uid, which cannot enter the temp dir "
+                    f"{tempfile.gettempdir()} (TMPDIR) nor any of /tmp, /var/tmp, /dev/shm for their work directory")
         return None
 
     @property
@@ -454,7 +438,8 @@ class Sandbox:
         return out
 
     def _run_weak(self, job: Job, uid: int | None, wall: float, cpu: float, group: cgroup.RunGroup | None) -> Result:
-        work = tempfile.mkdtemp(prefix="upslope-sandbox-")
+        # the run's own uid must enter it: a shared temp dir when TMPDIR is private
+        work = tempfile.mkdtemp(prefix="upslope-sandbox-", dir=shared_work_parent() if uid is not None else None)
         fds: list[int] = []
         checker: _Checker | None = None
         try:
