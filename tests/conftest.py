@@ -9,10 +9,11 @@ one process: every test of the session shares `vllm_engine`. A test that needs a
 engine on another model runs it in a subprocess (see tests/rollout/vllm_worker.py).
 Tests that change an engine's weights must restore them (see `restore_weights`).
 
-The suite never touches the user's files (see tests/hermetic.py): HOME, the model cache and the
-working directory are temporary for the session, each test module and each test, so a command
-run with the default `run_dir=runs/default` writes into the test's own directory; at the end the
-session fails if it left anything new in the checkout or changed the user's upslope cache.
+The suite never touches the user's files (see tests/hermetic.py): HOME, the model cache, the temp
+dir (TMPDIR) and the working directory are temporary for the session, each test module and each
+test, so a command run with the default `run_dir=runs/default` writes into the test's own
+directory; at the end the session fails if it left anything new in the checkout or the system temp
+dir, or changed the user's upslope cache.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session when it left files in the checkout or changed the user's upslope cache."""
+    """Fail the session when it left files in the checkout or the system temp dir, or changed the
+    user's upslope cache."""
     if _SESSION is None:
         return
     leftovers = _SESSION.leftovers()
@@ -43,7 +45,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     lines = [f"the test session wrote outside its temporary directories ({len(leftovers)} paths):",
-             *leftovers[:20], *(["..."] if len(leftovers) > 20 else [])]
+             *leftovers[:20], *(["..."] if len(leftovers) > 20 else []),
+             "(in the system temp dir, a process outside the suite that ran meanwhile may have made some of these)"]
     if reporter is not None:
         reporter.write_sep("=", "hermetic guard", red=True)
         for line in lines:

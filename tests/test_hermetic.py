@@ -1,14 +1,15 @@
 """The suite runs off the user's files: each test in an empty directory of its own with a temporary
-HOME and model cache, and the guard that fails the session sees what a test would leave behind."""
+HOME, model cache and temp dir, and the guard that fails the session sees what a test would leave behind."""
 from __future__ import annotations
 
 import os
 import pwd
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from hermetic import NOT_GUARDED, ROOT, new_or_changed, snapshot
+from hermetic import NOT_GUARDED, ROOT, SESSION_PREFIX, new_in_temp_dir, new_or_changed, snapshot, top_level_names
 
 from upslope.cli import main
 from upslope.models import cache_root
@@ -63,3 +64,26 @@ def test_the_guard_names_what_a_session_left_and_ignores_tool_caches(tmp_path):
     (cache / "hardware.json").write_text('{"key": 1}')
     (cache / "models" / "new").mkdir()
     assert new_or_changed(before, snapshot(cache)) == [os.path.join("models", "new"), "hardware.json"]
+
+
+def test_temporary_files_of_the_test_and_its_subprocesses_land_in_the_sessions_temp_dir(tmp_path):
+    """TMPDIR points into the session's directory: what a test, a library or a subprocess makes with
+    `tempfile` (pytest's `tmp_path` included) is removed with the session, not left in a shared /tmp."""
+    session_tmp = Path(tempfile.gettempdir())
+    assert session_tmp.name == "tmp" and session_tmp.parent.name.startswith(SESSION_PREFIX)
+    assert os.environ["TMPDIR"] == str(session_tmp) and _inside(tmp_path, session_tmp)
+    out = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"], capture_output=True,
+                         text=True, check=True)
+    assert _inside(Path(out.stdout.strip()), session_tmp)
+
+
+def test_the_guard_names_what_a_session_left_in_the_system_temp_dir(tmp_path):
+    system_tmp = tmp_path / "tmp"
+    (system_tmp / "someone-elses").mkdir(parents=True)
+    before = top_level_names(system_tmp)
+    (system_tmp / "someone-elses" / "file").write_text("")  # inside a directory that was there: not compared
+    (system_tmp / "vllm_dist_0a1b").write_bytes(b"\0")
+    (system_tmp / "tmpabc123").mkdir()
+    (system_tmp / f"{SESSION_PREFIX}x1y2z3").mkdir()  # a session's own directory, removed by that session
+    assert new_in_temp_dir(before, system_tmp) == ["tmpabc123", "vllm_dist_0a1b"]
+    assert new_in_temp_dir(before, tmp_path / "missing") == []

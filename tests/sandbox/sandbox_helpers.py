@@ -8,7 +8,7 @@ import tempfile
 from typing import Iterator
 
 import pytest
-from hermetic import ROOT
+from hermetic import ROOT, SYSTEM_TMP
 
 from upslope.sandbox import bwrap_problem
 
@@ -114,8 +114,9 @@ def mounted_usage(mount: str) -> os.statvfs_result | None:
 @contextlib.contextmanager
 def readable_package_copy() -> Iterator[str]:
     """A directory (for PYTHONPATH) holding a copy of the `upslope` package that any user can
-    read: the checkout may sit where only its owner can enter (a clone under /root). Removed after."""
-    site = tempfile.mkdtemp(prefix="upslope-readable-")
+    read: the checkout may sit where only its owner can enter (a clone under /root). It is made in
+    the system temp dir: the session's own is open to its owner only. Removed after."""
+    site = tempfile.mkdtemp(prefix="upslope-readable-", dir=SYSTEM_TMP)
     try:
         shutil.copytree(ROOT / "upslope", os.path.join(site, "upslope"), ignore=shutil.ignore_patterns("__pycache__"))
         for dirpath, _, filenames in os.walk(site):
