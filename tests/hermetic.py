@@ -118,7 +118,8 @@ def enter_session() -> SessionDirs:
 
     user_cache = cache_root()
     system_tmp_before = top_level_names(SYSTEM_TMP)
-    # Short on purpose: Ray's unix sockets live under TMPDIR, and a socket's path is limited to 107 bytes.
+    # Directly in the system temp dir, with a short name: Ray's unix sockets sit 66 bytes below TMPDIR
+    # (ray/session_<time>_<pid>/sockets/plasma_store), and a socket's path may hold 107.
     base = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX))
     kept = os.environ.get("UPSLOPE_TEST_CACHE")
     dirs = SessionDirs(base=base, cwd=base / "cwd", home=base / "home",
