@@ -288,6 +288,20 @@ def test_weak_mode_as_root_runs_from_a_private_temp_dir(weak_pool, tmp_path, mon
     assert os.path.dirname(cwd) in SHARED_TEMP_DIRS and not os.path.exists(cwd)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="only root hands the run to another uid (here with the system's /usr/bin/python3)")
+def test_weak_mode_as_root_refuses_in_one_line_when_no_temp_dir_is_shared(tmp_path, monkeypatch):
+    import upslope.sandbox.reach as reach
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setattr(reach, "SHARED_TEMP_DIRS", (str(private),))
+    sb = Sandbox(SandboxConfig(python="/usr/bin/python3"), weak=True)
+    assert sb.mode == "" and f"cannot enter the temp dir {private} (TMPDIR)" in sb.problem
+    assert "\n" not in sb.problem and sb.run(Job(code="print(1)")).status is Status.REFUSED
+
+
 def test_weak_mode_kills_detached_children(weak_pool):
     marker = f"upslope-weak-orphan-{time.time_ns()}"
     code = textwrap.dedent(f"""

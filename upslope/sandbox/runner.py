@@ -40,7 +40,7 @@ import upslope.sandbox.seccomp as seccomp
 from upslope.sandbox.functest import CHECKER_SOURCE, FD_ENV, SERVER_SOURCE, SOLUTION_NAME, Verdict, parse_verdict
 from upslope.sandbox.mounts import (RunTmpfs, interpreter_args, interpreter_problem, sweep_stale_tmpfs, system_args,
                                     tmpfs_args)
-from upslope.sandbox.reach import others_can_run, shared_work_parent
+from upslope.sandbox.reach import SHARED_TEMP_DIRS, others_can_run, shared_work_parent
 from upslope.sandbox.supervise import count_own_processes, kill_group, kill_uid, supervise
 from upslope.sandbox.types import PROGRAM_NAME, Job, Result, SandboxConfig, Status
 
@@ -198,7 +198,7 @@ class Sandbox:
             )
         if self.root and shared_work_parent() is None:
             return (f"as root it runs programs under an unprivileged uid, which cannot enter the temp dir "
-                    f"{tempfile.gettempdir()} (TMPDIR) nor any of /tmp, /var/tmp, /dev/shm for their work directory")
+                    f"{tempfile.gettempdir()} (TMPDIR) nor any of {', '.join(SHARED_TEMP_DIRS)} for their work directory")
         return None
 
     @property
