@@ -17,12 +17,12 @@ A claim's further metrics (`also`, e.g. accuracy beside a calibration error) get
 and verdict. The interval is Welch's t interval (unequal variances, Welch-Satterthwaite degrees of
 freedom). Verdict: reproduced when the interval excludes 0 in the claimed direction, not reproduced
 when it excludes 0 in the opposite one, inconclusive when it contains 0. Each row is appended to
-docs/results/reproductions.json with its command, the CPU time of its runs and `code`, the version
+docs/results/reproductions.json with its command, the CPU time of its runs, the CPU model and `code`, the version
 stamp of upslope, recipes and pyproject.toml the runs were made with (see git_head). A finished arm
 whose command and commit are unchanged is reused (so one baseline run serves every method's
 row; `--fresh` reruns), and each run's final checkpoint is deleted once its metric is read (a
 teacher's is kept). Every finished arm is also recorded in the arm ledger (`--arms`, by default beside
-`--rows`: its command without interpreter and run directory, the code stamp, its metrics and CPU time), and
+`--rows`: its command without interpreter and run directory, the code stamp, its metrics, CPU time and CPU model), and
 an arm whose command and code stamp the ledger already holds is taken from it instead of run: a row can
 reuse baselines measured in another work directory, clone or session at the same code (a worktree checked
 out at the ledger's commit), while a changed package, recipe or command runs afresh.
@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import resource
 import shlex
 import shutil
@@ -125,7 +126,7 @@ def row_for(method: str, claim: Claim, values: dict[str, dict[str, list[float]]]
     return {"method": method, "recipe": claim.recipe, "baseline": claim.baseline, "metric": claim.metric,
             "direction": claim.direction, "paper": claim.paper, "steps": steps, "seeds": seeds, **main,
             "interval": "Welch t, 95%", "also": also, "command": command, "cpu_s": round(cpu_s, 1),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 # ---------------------------------------------------------------- runs
@@ -154,6 +155,15 @@ def final_metric(metrics_file: Path, key: str) -> float:
     if not found:
         raise KeyError(f"{metrics_file}: no record holds '{name}'")
     return statistics.mean(found) if reduce_mean else found[-1]
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), recorded beside CPU times, which depend on it."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def children_cpu_s() -> float:
@@ -219,7 +229,7 @@ def recorded(ledger: Path, cmd: Sequence[str], metrics: Sequence[str]) -> dict[s
 def record(ledger: Path, cmd: Sequence[str], got: dict[str, float], cpu_s: float) -> None:
     """Append a finished arm to the ledger."""
     append_row(ledger, {"args": ledger_args(cmd), "code": git_head(), "metrics": got, "cpu_s": round(cpu_s, 1),
-                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+                        "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
 
 
 def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool = False,

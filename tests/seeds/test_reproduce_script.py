@@ -155,6 +155,7 @@ def test_the_arm_ledger_serves_the_same_command_at_the_same_code_from_another_di
     assert rp.run_arm(cmd(first, 0.25), first, acc, ledger=ledger) == ({"eval/accuracy": 0.25}, False)
     (rec,) = json.loads(ledger.read_text())
     assert rec["code"] == rp.git_head() and rec["metrics"] == {"eval/accuracy": 0.25} and rec["cpu_s"] >= 0
+    assert rec["cpu"] == rp.cpu_name() != ""  # CPU times are only comparable on the same processor
     assert rec["args"][-1] == "recipes/headroom.yaml" and not any(a.startswith("run_dir=") for a in rec["args"])
     assert rp.run_arm(cmd(second, 0.25), second, acc, ledger=ledger) == ({"eval/accuracy": 0.25}, True)
     assert launches.read_text() == "x" and not second.exists()  # nothing ran
@@ -167,6 +168,15 @@ def test_the_arm_ledger_serves_the_same_command_at_the_same_code_from_another_di
     third = tmp_path / "work3" / "seed0"
     assert rp.run_arm(cmd(third, 0.25), third, acc, ledger=ledger)[1] is False
     assert launches.read_text() == "xxxx" and len(json.loads(ledger.read_text())) == 4
+
+
+def test_the_cpu_name_is_the_processors_model_name():
+    """The ledger's `cpu` is the model name Linux reports for the processor (lscpu's 'Model name')."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        pytest.skip("no /proc/cpuinfo on this system")
+    names = {line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")}
+    assert rp.cpu_name() in names and rp.cpu_name()
 
 
 def test_two_processes_asking_for_one_shared_run_make_it_once(tmp_path):
@@ -421,7 +431,7 @@ def test_tiny_reproduction_end_to_end(tiny_model_path, tmp_path):
             recs = metrics(run_dir)
             assert recs[-1]["eval/accuracy"] == row["arms"][arm]["values"][s]
             assert not (run_dir / "checkpoints").exists()  # deleted once the metric is read
-    assert row["reused_runs"] == 0 and row["code"] == rp.git_head()
+    assert row["reused_runs"] == 0 and row["code"] == rp.git_head() and row["cpu"] == rp.cpu_name()
     arms = json.loads(rows.with_name("rows_arms.json").read_text())
     assert len(arms) == 4 and all(0 < a["cpu_s"] for a in arms)
     assert sum(a["cpu_s"] for a in arms) == pytest.approx(row["cpu_s"], rel=0.05)  # each counted once
