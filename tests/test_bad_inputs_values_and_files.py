@@ -103,10 +103,10 @@ case("vllm_cannot_run_architecture", _olmo2_on_vllm)(
                "engine.name=vllm"])
 
 
-def _moe(w: World) -> str:
+def _moe(w: World, family: str = "qwen3_moe") -> str:
     from upslope.families import make_family_model
 
-    return make_family_model("qwen3_moe", w.tiny, w.tmp / "qwen3_moe")
+    return make_family_model(family, w.tiny, w.tmp / family)
 
 
 def _replay_on_vllm(w: World) -> list[str]:
@@ -127,6 +127,14 @@ case("load_balance_on_a_dense_model", ["algo.terms[0] (load_balance): LlamaForCa
 case("routing_replay_with_vllm", _replay_on_vllm)(
     lambda w: ["train", *[a for a in w.base(None, f"model.name={_moe(w)}") if a != "engine.name=hf"],
                "engine.name=vllm", "algo.routing_replay=true"])
+case("routing_replay_with_a_router_of_another_kind",
+     ["algo.routing_replay: PhimoeForCausalLM's router PhimoeTopKRouter does not return its logits and pick its "
+      "experts with one top-2 over 4 expert scores"])(
+    lambda w: ["train", *w.base(None, f"model.name={_moe(w, 'phimoe')}", "algo.routing_replay=true")])
+case("continuous_batching_with_latent_attention",
+     ["engine.name=hf_paged: DeepseekV3ForCausalLM uses multi-head latent attention", "use engine.name=hf"])(
+    lambda w: ["train", *[a for a in w.base(None, f"model.name={_moe(w, 'deepseek_v3')}") if a != "engine.name=hf"],
+               "engine.name=hf_paged"])
 case("routing_replay_with_a_rollout_that_drops_the_experts",
      ["algo.routing_replay: rollout.kind=tree does not keep the experts", "use single_turn"])(
     lambda w: ["train", *w.base(None, f"model.name={_moe(w)}", "rollout.kind=tree", "algo.routing_replay=true")])

@@ -1,7 +1,7 @@
 """Tiny random-init models of each model family upslope supports, built from configs (nothing is
 downloaded) with a given tokenizer, so that every check runs on the real architecture code of each
-family: its attention (sliding windows, soft-capped scores), its head (soft-capped, scaled logits), its
-norms and its experts.
+family: its attention (sliding windows, soft-capped scores, attention sinks, latent attention), its head
+(soft-capped, scaled logits), its norms and its experts (shared experts, softmax or sigmoid group routing).
 
 Each family is made so that its special parts act at these sizes: windows shorter than the test
 sequences, weights scaled up so that logits reach the soft-cap, experts that differ from each other.
@@ -22,15 +22,17 @@ class Family:
     config: str  # the transformers config class
     settings: dict[str, Any] = field(default_factory=dict)
     moe: bool = False
+    latent_attention: bool = False  # multi-head latent attention (DeepSeek-V3): keys from a compressed latent
     weight_scale: float = 1.0  # random weights multiplied by this (large logits reach a soft-cap)
 
 
-# head_dim 64 everywhere: the size vLLM's CPU attention supports
+# head_dim 64 everywhere: the size vLLM's CPU attention supports (DeepSeek-V3: 32 without and 32 with rotary)
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaConfig"),
     "qwen2": Family("Qwen2Config"),
     "qwen3": Family("Qwen3Config"),
     "mistral": Family("MistralConfig", {"sliding_window": 16}),
+    "gemma": Family("GemmaConfig", {"tie_word_embeddings": True}),
     "gemma2": Family("Gemma2Config", {"sliding_window": 16, "final_logit_softcapping": 4.0, "tie_word_embeddings": True,
                                       "attn_logit_softcapping": 8.0, "query_pre_attn_scalar": 64}, weight_scale=6.0),
     "gemma3": Family("Gemma3TextConfig", {"sliding_window": 16, "final_logit_softcapping": 4.0, "tie_word_embeddings": True,
@@ -44,6 +46,19 @@ FAMILIES: dict[str, Family] = {
                                            "decoder_sparse_step": 1, "mlp_only_layers": []}, moe=True),
     "mixtral": Family("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}, moe=True),
     "olmoe": Family("OlmoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}, moe=True),
+    "qwen2_moe": Family("Qwen2MoeConfig", {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+                                           "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                                           "mlp_only_layers": []}, moe=True),
+    "deepseek_v3": Family("DeepseekV3Config", {"moe_intermediate_size": 64, "n_routed_experts": 4,
+                                               "num_experts_per_tok": 2, "n_shared_experts": 1,
+                                               "first_k_dense_replace": 0, "n_group": 2, "topk_group": 1,
+                                               "kv_lora_rank": 32, "q_lora_rank": None, "qk_rope_head_dim": 32,
+                                               "qk_nope_head_dim": 32, "v_head_dim": 64, "head_dim": 32,
+                                               "num_key_value_heads": 2, "topk_method": "noaux_tc"},
+                          moe=True, latent_attention=True),
+    "gpt_oss": Family("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16,
+                                       "layer_types": ["sliding_attention", "full_attention"]}, moe=True),
+    "phimoe": Family("PhimoeConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}, moe=True),
 }
 
 

@@ -1,13 +1,14 @@
 """MoE routing: a model's routers, the experts each token is routed to (recorded while the model
 runs, or replayed into it), and the routers' load-balancing loss.
 
-A router is transformers' top-k router module (Qwen3-MoE's, Mixtral's, OLMoE's, ...): from a token's
-hidden state it computes router logits and a softmax over the experts, then picks the top-k experts with
-one `torch.topk` call; the MoE block runs those experts weighted by the picked scores. Recording and
-replaying both act on that one call (a torch function mode active only while a router runs), so the rest
-is the router's own code: under replay its scores are its current probabilities at the replayed experts,
-renormalised when the router renormalises (Mixtral always, Qwen3-MoE and OLMoE with `norm_topk_prob`),
-and the router's weights get their gradient through them.
+A router is transformers' top-k router module (Qwen-MoE's, Mixtral's, OLMoE's, DeepSeek-V3's, GPT-OSS's,
+...): from a token's hidden state it computes router logits and scores over the experts, then picks the
+top-k experts with one `torch.topk` call over the experts' scores (DeepSeek-V3's group pre-selection is
+a top-k over groups, which is left alone); the MoE block runs those experts weighted as the router weighs
+them. Recording and replaying both act on that one call (a torch function mode active only while a
+router runs), so the rest is the router's own code: under replay it weighs the replayed experts from its
+current scores (a softmax renormalised over them, sigmoid affinities, a softmax over their logits: as
+the family does), and the router's weights get their gradient through them.
 
 Routed experts are kept per token as `[..., routers, top_k]` integers (`EXPERT_DTYPE`), one entry per MoE
 layer in module order; `NOT_ROUTED` (-1) marks a token with nothing recorded (padding; a completion's last
@@ -215,23 +216,36 @@ def expert_counts(model: Any) -> tuple[int, int]:
     return found[0].num_experts, found[0].top_k
 
 
+def probe_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` on the CPU with every parameter and buffer zero, whatever device (meta included)
+    or mix of devices the original's tensors are on: something to run once to see what it does."""
+    import copy
+
+    probe = copy.deepcopy(module).to_empty(device="cpu")
+    with torch.no_grad():
+        for t in (*probe.parameters(), *probe.buffers()):
+            t.zero_()
+    return probe
+
+
 def why_not_routed(model: Any) -> str | None:
     """Why routing replay or the load-balancing loss cannot act on `model` (its parameters may be on the
     meta device), or None: it has no MoE routers, or a router does not pick its experts with one top-k
     over its expert scores (a kind these do not know)."""
     found = routers(model)
     if not found:
-        return f"{type(model).__name__} has no MoE routers (a dense model)"
-    router = found[0]
-    weight = router.weight
-    hidden = torch.zeros(3, weight.shape[-1], dtype=weight.dtype, device=weight.device)
+        return f"{type(model).__name__} has no MoE routers (a dense model); it acts on a MoE model's routers only"
+    router = probe_copy(found[0])
+    hidden = torch.zeros(3, router.weight.shape[-1], dtype=router.weight.dtype)
     mode = _Selection(router)
     try:
         with torch.no_grad(), mode:
             out = router(hidden)
     except Exception as exc:  # a router of another signature
-        return f"its router {type(router).__name__} could not be run on its own ({type(exc).__name__}: {exc})"
+        return (f"{type(model).__name__}'s router {type(router).__name__} could not be run on its own "
+                f"({type(exc).__name__}: {exc}); routers of that kind are not supported")
     if mode.picks != 1 or not isinstance(out, tuple) or out[0].shape[-1] != router.num_experts:
-        return (f"its router {type(router).__name__} does not return its logits and pick its experts with one "
-                f"top-{router.top_k} over {router.num_experts} expert scores")
+        return (f"{type(model).__name__}'s router {type(router).__name__} does not return its logits and pick its "
+                f"experts with one top-{router.top_k} over {router.num_experts} expert scores; routers of that kind "
+                f"are not supported")
     return None

@@ -84,7 +84,7 @@ def check_moe_options(cfg: Config, model_path: str) -> None:
 
     reason = routing.why_not_routed(load_model(model_path, trust_remote_code=cfg.model.trust_remote_code, empty=True))
     if reason:
-        raise ConfigError(f"{options[0]}: {reason}; it acts on a MoE model's routers only")
+        raise ConfigError(f"{options[0]}: {reason}")
     if not cfg.algo.routing_replay:
         return
     name = engine_name(cfg.engine)

@@ -27,7 +27,7 @@ import torch
 
 from upslope import routing
 from upslope.bounds import Count, PositiveFraction
-from upslope.errors import UpslopeError
+from upslope.errors import EngineUnavailable, UpslopeError
 from upslope.hardware import fit_threads
 from upslope.registry import ENGINES
 from upslope.rollout.base import Completion, SamplingParams
@@ -189,7 +189,25 @@ def _routing_by_request(model: Any) -> Iterator[RequestRouting]:
             ContinuousBatchProcessor._generation_step = original
 
 
-@ENGINES.register("hf_paged", copies_policy=True, routed_experts=True)
+def paged_model_check(model_path: str) -> str | None:
+    """Why transformers' continuous batching cannot run the model at `model_path`, or None: its paged cache
+    holds keys and values of one head size per layer, which multi-head latent attention (DeepSeek-V2/V3,
+    Kimi-K2: a compressed latent and a separate rotary key) does not have."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the model's own loading reports what it cannot read
+    if isinstance(config, dict) and config.get("kv_lora_rank"):
+        archs = ", ".join(config.get("architectures") or []) or "this model"
+        return (f"{archs} uses multi-head latent attention, whose keys and values transformers' paged cache "
+                f"cannot hold")
+    return None
+
+
+@ENGINES.register("hf_paged", copies_policy=True, routed_experts=True, model_check=paged_model_check)
 def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: Count = 0,
                    memory_fraction: PositiveFraction = 0.9, cuda_graphs: bool = True) -> PagedEngine:
     """transformers' continuous batching with paged attention (generate_batch): CPU or GPU, no extra package.
@@ -198,6 +216,9 @@ def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: C
     memory_fraction: most of the free GPU memory its KV cache may take
     cuda_graphs: replay captured CUDA graphs (GPU only; 1.6-2.5x faster than without on an H200)
     """
+    reason = paged_model_check(ctx.model_path)
+    if reason:
+        raise EngineUnavailable(reason)
     return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
                        threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
                        memory_fraction=memory_fraction, cuda_graphs=cuda_graphs, trust_remote_code=ctx.trust_remote_code)
