@@ -53,3 +53,23 @@ def check_portable(method: str, recipe: str, baseline: str, command: str = "trai
         if raw.get("data", {}).get("task") != OWN_TASK or raw.get("reward") or raw.get("agent"):
             raise SystemExit(f"--task: {method}'s recipe {name} is not the {OWN_TASK} task scored by its own verifier "
                              "(its reward, environment or task is part of the claim); it runs on its own task only")
+        for where, field in example_fields(raw):
+            raise SystemExit(f"--task: {method}'s recipe {name} sets {where}={field}, a field of the {OWN_TASK} task's "
+                             "examples that another task's lack; it runs on its own task only")
+
+
+def example_fields(raw: Any, where: str = "") -> list[tuple[str, str]]:
+    """The options of a recipe that name a field of the task's examples (`*_key: FIELD`, e.g. a sampler's
+    `cluster_key`), as (dotted option, field)."""
+    if isinstance(raw, dict):
+        found = []
+        for key, value in raw.items():
+            path = f"{where}.{key}" if where else str(key)
+            if str(key).endswith("_key") and isinstance(value, str):
+                found.append((path, value))
+            else:
+                found += example_fields(value, path)
+        return found
+    if isinstance(raw, list):
+        return [f for i, item in enumerate(raw) for f in example_fields(item, f"{where}[{i}]")]
+    return []

@@ -533,7 +533,8 @@ def test_an_external_task_replaces_the_recipes_task_and_keeps_the_method(capsys,
     ("arena", "arena's recipe arena is not the arith task scored by its own verifier"),  # a reward of its own
     ("saw", "saw's recipe saw is not the arith task"),  # reweights reward components the task's verifier lacks
     ("progress_sql", "progress_sql's recipe progress_sql is not the arith task"),  # an environment and its task
-    ("arkd", "arkd runs `upslope distill`")])
+    ("arkd", "arkd runs `upslope distill`"),
+    ("ads", "ads's recipe ads sets data.sampler.options.cluster_key=carries, a field of the arith task's examples")])
 def test_a_claim_that_cannot_move_to_another_task_is_refused(method, why):
     with pytest.raises(SystemExit, match=why):
         rp.main([method, "--dry-run", "--task", "chain_sum"])
