@@ -268,6 +268,7 @@ def test_the_load_balancing_loss_is_transformers_own(family, sampled):
     balance = getattr(importlib.import_module(type(model).__module__), "load_balancing_loss_func",
                       importlib.import_module("transformers.models.mixtral.modeling_mixtral").load_balancing_loss_func)
     k, experts = model.config.num_experts_per_tok, routing.routers(model)[0].num_experts
+    fast_head_matches(model)  # its one-time check runs the model: before this test watches the routers
     for mode in MODES:
         with routing.router_logits(model) as kept:  # the same forward's router logits, for transformers' function
             out = scores(model, b, mode, router_aux=True)
