@@ -4,8 +4,9 @@ An engine plugin is a builder `fn(cfg: EngineConfig, ctx: EngineContext, *, opti
 registered with `@ENGINES.register(name, requires=..., auto_rank=..., model_check=...)`: `requires`
 names the module it needs (checked before building), `engine.name=auto` takes the available engine
 with the lowest `auto_rank` (vllm 0, hf 1; an engine without one is never picked by auto), and
-`model_check(model_path) -> reason | None` says why the engine cannot run a model. A builder raises
-EngineUnavailable when it cannot run the model: auto then takes the next engine (one line says so);
+`model_check(model_path) -> reason | None` says why the engine cannot run a model (asked before its
+builder runs). A builder raises EngineUnavailable when it cannot run the model: either way auto then
+takes the next engine (one line says so);
 an engine named explicitly stops with one line (before any work, when its model_check refuses).
 """
 from __future__ import annotations
@@ -112,7 +113,11 @@ def make_engine(cfg: EngineConfig, model_path: str, tokenizer: Any, model_dtype:
     build = ENGINES.bind(name, cfg.options, where="engine.options")
     ctx = EngineContext(model_path, tokenizer, model_dtype, max_model_len, kv_tokens, threads, device,
                         trust_remote_code)
+    check = ENGINES.get(name, "engine.name").traits.model_check
     try:
+        reason = check(model_path) if check is not None else None
+        if reason:
+            raise EngineUnavailable(reason)
         return build(cfg, ctx)
     except EngineUnavailable as exc:
         if cfg.name != "auto":

@@ -27,7 +27,7 @@ import torch
 
 from upslope import routing
 from upslope.bounds import Count, PositiveFraction
-from upslope.errors import EngineUnavailable, UpslopeError
+from upslope.errors import UpslopeError
 from upslope.hardware import fit_threads
 from upslope.registry import ENGINES
 from upslope.rollout.base import Completion, SamplingParams
@@ -216,9 +216,6 @@ def build_hf_paged(cfg: EngineConfig, ctx: EngineContext, *, max_batch_tokens: C
     memory_fraction: most of the free GPU memory its KV cache may take
     cuda_graphs: replay captured CUDA graphs (GPU only; 1.6-2.5x faster than without on an H200)
     """
-    reason = paged_model_check(ctx.model_path)
-    if reason:
-        raise EngineUnavailable(reason)
     return PagedEngine(ctx.model_path, ctx.tokenizer, dtype=ctx.model_dtype if cfg.dtype == "auto" else cfg.dtype,
                        threads=ctx.threads, device=ctx.device, max_batch_tokens=max_batch_tokens,
                        memory_fraction=memory_fraction, cuda_graphs=cuda_graphs, trust_remote_code=ctx.trust_remote_code)

@@ -311,9 +311,6 @@ def build_vllm(cfg: EngineConfig, ctx: EngineContext) -> Engine:
 
     from upslope.errors import EngineUnavailable
 
-    reason = vllm_model_check(ctx.model_path)
-    if reason:
-        raise EngineUnavailable(reason)
     dtype = machine_defaults().engine_dtype if cfg.dtype == "auto" else cfg.dtype
     max_len = cfg.max_model_len or ctx.max_model_len
     kv_gb = cfg.kv_cache_gb or kv_cache_gb_for(ctx.model_path, max(ctx.kv_tokens, max_len),
