@@ -1,7 +1,8 @@
 """Tiny random-init models of each model family upslope supports, built from configs (nothing is
 downloaded) with a given tokenizer, so that every check runs on the real architecture code of each
-family: its attention (sliding windows, soft-capped scores, attention sinks, latent attention), its head
-(soft-capped, scaled logits), its norms and its experts (shared experts, softmax or sigmoid group routing).
+family: its attention (sliding windows, soft-capped scores, attention sinks, latent attention), its recurrent
+layers (hybrids: short convolutions, Mamba-2, gated delta-rule linear attention), its head (soft-capped,
+scaled logits), its norms and its experts (shared experts, softmax or sigmoid group routing).
 
 Each family is made so that its special parts act at these sizes: windows shorter than the test
 sequences, weights scaled up so that logits reach the soft-cap, experts that differ from each other.
@@ -22,9 +23,10 @@ class Family:
     config: str  # the transformers config class
     settings: dict[str, Any] = field(default_factory=dict)
     moe: bool = False
-    latent_attention: bool = False  # multi-head latent attention (DeepSeek-V3): keys from a compressed latent
     weight_scale: float = 1.0  # random weights multiplied by this (large logits reach a soft-cap)
 
+
+HIDDEN = "<hidden size>"  # a setting equal to the model's hidden size (LFM2's checkpoints carry `conv_dim` and `block_dim`)
 
 # head_dim 64 everywhere: the size vLLM's CPU attention supports (DeepSeek-V3: 32 without and 32 with rotary)
 FAMILIES: dict[str, Family] = {
@@ -55,10 +57,27 @@ FAMILIES: dict[str, Family] = {
                                                "kv_lora_rank": 32, "q_lora_rank": None, "qk_rope_head_dim": 32,
                                                "qk_nope_head_dim": 32, "v_head_dim": 64, "head_dim": 32,
                                                "num_key_value_heads": 2, "topk_method": "noaux_tc"},
-                          moe=True, latent_attention=True),
+                          moe=True),
     "gpt_oss": Family("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16,
                                        "layer_types": ["sliding_attention", "full_attention"]}, moe=True),
     "phimoe": Family("PhimoeConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}, moe=True),
+    # chunks of 128 tokens (vLLM's page size divides them): tests/train/learner/test_packing.py makes them act
+    "llama4": Family("Llama4TextConfig", {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size_mlp": 256,
+                                          "attention_chunk_size": 128}, moe=True),
+    # hybrids: recurrent layers (a short convolution, Mamba-2, gated delta-rule linear attention) beside attention
+    "lfm2": Family("Lfm2Config", {"layer_types": ["conv", "full_attention"], "conv_dim": HIDDEN, "block_dim": HIDDEN,
+                                  "tie_word_embeddings": True}),
+    "falcon_h1": Family("FalconH1Config", {"mamba_d_ssm": 256, "mamba_n_heads": 8, "mamba_d_head": 32,
+                                           "mamba_d_state": 16, "mamba_chunk_size": 16, "lm_head_multiplier": 2.0}),
+    "granitemoehybrid": Family("GraniteMoeHybridConfig", {"layer_types": ["mamba", "attention"], "num_local_experts": 4,
+                                                          "num_experts_per_tok": 2, "shared_intermediate_size": 64,
+                                                          "mamba_n_heads": 8, "mamba_d_head": 32, "mamba_d_state": 16,
+                                                          "mamba_chunk_size": 16}, moe=True),
+    "qwen3_next": Family("Qwen3NextConfig", {"layer_types": ["linear_attention", "full_attention"], "num_experts": 4,
+                                             "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                             "shared_expert_intermediate_size": 64, "linear_key_head_dim": 32,
+                                             "linear_value_head_dim": 32, "linear_num_key_heads": 2,
+                                             "linear_num_value_heads": 4}, moe=True),
 }
 
 
@@ -72,7 +91,7 @@ def family_config(name: str, tokenizer: Any, layers: int = 2, hidden: int = 128)
                     head_dim=64, max_position_embeddings=2048, tie_word_embeddings=False,
                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                     pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    settings.update(family.settings)
+    settings.update({k: hidden if v == HIDDEN else v for k, v in family.settings.items()})
     if "layer_types" in settings:
         settings["layer_types"] = (settings["layer_types"] * layers)[:layers]
     return getattr(transformers, family.config)(**settings)

@@ -15,7 +15,7 @@ import torch
 from upslope.config import LoraConfig
 from upslope.errors import ConfigError, UpslopeError
 from upslope.fsutil import atomic_directory
-from upslope.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merge_adapter
+from upslope.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, decoder_body, merge_adapter
 
 ADAPTER = "default"  # PEFT's name for the (only) adapter
 __all__ = ["ADAPTER", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "merge_adapter"]  # merging lives in models (loading)
@@ -102,7 +102,7 @@ class AdapterOff:
         return self._off(self.model, *args, **kwargs)
 
     def get_decoder(self) -> Callable[..., Any]:
-        decoder = self.model.get_decoder()
+        decoder = decoder_body(self.model)
         return lambda *args, **kwargs: self._off(decoder, *args, **kwargs)
 
     def get_output_embeddings(self) -> Any:

@@ -304,6 +304,34 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     return model
 
 
+def recurrent_layer_count(config: Any) -> int:
+    """How many decoder layers of a model with this transformers `config` carry a recurrent state along the
+    sequence (a hybrid's Mamba, short-convolution or linear-attention layers) instead of attention keys and
+    values, read the way transformers lays out the model's cache (0 where it has no layout for the config)."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # a transformers without linear-attention caches has no such models either
+        return 0
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config transformers builds no cache from (remote code): attention is assumed
+        return 0
+    return sum(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
+
+
+def decoder_body(model: Any) -> Any:
+    """The decoder of a causal LM without its LM head (hidden states out, no vocabulary-sized logits):
+    `get_decoder()`, unless that hands back a model with a head of its own (Llama 4's text model, whose
+    `base_model_prefix` names no attribute of it), whose `model` then is the decoder."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    inner = getattr(body, "model", None)
+    head = getattr(body, "get_output_embeddings", None)
+    if isinstance(inner, torch.nn.Module) and callable(head) and head() is not None:
+        return inner
+    return body
+
+
 def empty_weights() -> Any:
     """A context in which new modules get their parameters on the meta device (no memory) while
     their buffers (rotary frequencies) are computed for real (accelerate's init_empty_weights)."""

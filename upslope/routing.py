@@ -196,10 +196,11 @@ def router_logits(model: Any) -> Iterator[RouterLogits]:
     each call's token mask to `masks` (the same for every router of that call)."""
     found = routers(model)
     kept = RouterLogits(len(found))
+    at = _logits_index(model)
 
     def hook(i: int) -> Callable[..., None]:
         def keep(module: Any, args: Any, out: Any) -> None:
-            kept.calls[i].append(out[0] if isinstance(out, tuple) else out)
+            kept.calls[i].append(out[at.get(type(module), 0)] if isinstance(out, tuple) else out)
         return keep
 
     handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(found)]
@@ -208,6 +209,20 @@ def router_logits(model: Any) -> Iterator[RouterLogits]:
     finally:
         for h in handles:
             h.remove()
+
+
+def _logits_index(model: Any) -> dict[type, int]:
+    """Where each kind of router of `model` puts its logits in its output tuple, as transformers itself records
+    them (`_can_record_outputs`: Llama 4's router returns its scores first, Granite's its picks); the first
+    element for a router it does not name."""
+    where: dict[type, int] = {}
+    for module in model.modules():
+        recorded = getattr(module, "_can_record_outputs", None)
+        recorder = recorded.get("router_logits") if isinstance(recorded, dict) else None
+        target = getattr(recorder, "target_class", None)
+        if isinstance(target, type):
+            where[target] = int(getattr(recorder, "index", 0) or 0)
+    return where
 
 
 def expert_counts(model: Any) -> tuple[int, int]:
@@ -244,7 +259,8 @@ def why_not_routed(model: Any) -> str | None:
     except Exception as exc:  # a router of another signature
         return (f"{type(model).__name__}'s router {type(router).__name__} could not be run on its own "
                 f"({type(exc).__name__}: {exc}); routers of that kind are not supported")
-    if mode.picks != 1 or not isinstance(out, tuple) or out[0].shape[-1] != router.num_experts:
+    logits = out[_logits_index(model).get(type(router), 0)] if isinstance(out, tuple) else None
+    if mode.picks != 1 or logits is None or logits.shape[-1] != router.num_experts:
         return (f"{type(model).__name__}'s router {type(router).__name__} does not return its logits and pick its "
                 f"experts with one top-{router.top_k} over {router.num_experts} expert scores; routers of that kind "
                 f"are not supported")

@@ -189,10 +189,16 @@ def _routing_by_request(model: Any) -> Iterator[RequestRouting]:
             ContinuousBatchProcessor._generation_step = original
 
 
+# the layer kinds transformers' paged cache holds (its allocators: one per kind)
+PAGED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def paged_model_check(model_path: str) -> str | None:
-    """Why transformers' continuous batching cannot run the model at `model_path`, or None: its paged cache
-    holds keys and values of one head size per layer, which multi-head latent attention (DeepSeek-V2/V3,
-    Kimi-K2: a compressed latent and a separate rotary key) does not have."""
+    """Why transformers' continuous batching cannot run the model at `model_path`, or None. Its paged cache
+    holds keys and values of one head size per layer for full and sliding-window attention only: not multi-head
+    latent attention (DeepSeek-V2/V3, Kimi-K2: a compressed latent and a separate rotary key), not chunked
+    attention (Llama 4) and not the recurrent state of a hybrid's Mamba, convolution or linear-attention layers
+    (LFM2, Qwen3-Next, Granite 4, Falcon-H1)."""
     import json
     from pathlib import Path
 
@@ -200,11 +206,34 @@ def paged_model_check(model_path: str) -> str | None:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None  # the model's own loading reports what it cannot read
-    if isinstance(config, dict) and config.get("kv_lora_rank"):
-        archs = ", ".join(config.get("architectures") or []) or "this model"
-        return (f"{archs} uses multi-head latent attention, whose keys and values transformers' paged cache "
-                f"cannot hold")
+    if not isinstance(config, dict):
+        return None
+    archs = ", ".join(config.get("architectures") or []) or "this model"
+    cannot = "which transformers' paged cache cannot hold"
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if text.get("kv_lora_rank"):
+        return f"{archs} uses multi-head latent attention, whose keys and values {cannot}"
+    recurrent = _recurrent_layers(model_path)
+    if recurrent:
+        return f"{archs} has {recurrent} recurrent layer{'s' if recurrent > 1 else ''} (state-space, convolution or " \
+               f"linear attention), {cannot}"
+    other = sorted({t for t in text.get("layer_types") or [] if t not in PAGED_LAYER_TYPES})
+    if other:
+        return f"{archs} has {', '.join(other)} layers, {cannot}"
     return None
+
+
+def _recurrent_layers(model_path: str) -> int:
+    """`recurrent_layer_count` of the model's config (0 where transformers cannot read it without remote code)."""
+    from transformers import AutoConfig
+
+    from upslope.models import recurrent_layer_count
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except Exception:  # remote code or an unknown type: its own loading reports that
+        return 0
+    return recurrent_layer_count(config)
 
 
 @ENGINES.register("hf_paged", copies_policy=True, routed_experts=True, model_check=paged_model_check)

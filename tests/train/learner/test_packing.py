@@ -1,6 +1,7 @@
 """Padding-free packed micro-batches (train.packing): the same update as the padded forward, a token
 budget counting real tokens, the model's own attention details kept (soft-capping where its
-implementation applies it), and a model whose layers do not pass the plan refused in one line.
+implementation applies it, Llama 4's attention chunks), and a model whose layers do not pass the plan
+refused in one line.
 (Every family's log-probs and gradients in the packed modes: tests/models/test_families.py.)"""
 from __future__ import annotations
 
@@ -147,3 +148,38 @@ def test_layers_that_drop_the_plan_are_refused_in_one_line(tiny_model_path, capl
     torch.testing.assert_close(again, padded)
     lines = [r.getMessage() for r in caplog.records if "train.packing" in r.getMessage()]
     assert len(lines) == 1 and "do not pass attention keywords" in lines[0] and "\n" not in lines[0]
+
+
+def test_a_chunked_attention_mask_keeps_each_token_in_its_own_chunk_of_the_row():
+    """Chunks of 3 over a row whose 2-token shared prompt is a prefix: positions 0-2, 3-5, 6-...; a query sees
+    the keys of its own chunk up to itself (prefix keys included where they are in its chunk)."""
+    plan = packing.PackPlan([packing.Block(2, 7, prefix_start=0, prefix_end=2)])
+    mask = plan.mask(plan.blocks[0], None, torch.device("cpu"), chunk=3)
+    want = torch.tensor([  # rows: the block's own positions 2..6; columns: keys at positions 0..6
+        [1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(mask, want)
+    window = plan.mask(plan.blocks[0], 2, torch.device("cpu"), chunk=3)  # a window narrows it further
+    assert torch.equal(window, want & ~torch.tensor([[1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0],
+                                                      [0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0],
+                                                      [0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool))
+
+
+def test_llama4_packed_rows_attend_within_their_chunks(smollm_path, tmp_path):
+    """Llama 4's chunked layers (16-token chunks here, rows of up to 62 tokens): packed, as padded, each token
+    attends within its own chunk of its row."""
+    from upslope.families import make_family_model
+    from upslope.models import load_model
+
+    model = load_model(make_family_model("llama4", smollm_path, tmp_path / "llama4"), "float32").eval()
+    model.config.attention_chunk_size = 16  # (the family's 128 would not act on these rows)
+    b = mixed_batch(3)
+    shared = (b.prompt_lens, b.seq_lens, b.group_ids)
+    with torch.no_grad():
+        padded = token_scores(model, b.input_ids, b.attention_mask, b.loss_mask).logprobs
+        for share in (None, shared):
+            packed = token_scores(model, b.input_ids, b.attention_mask, b.loss_mask, shared=share, packed=True)
+            torch.testing.assert_close(packed.logprobs, padded, rtol=0, atol=5e-5)

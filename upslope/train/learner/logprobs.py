@@ -15,8 +15,8 @@ load-balancing loss (`router_aux`); both act in every path (rows, shared prompt,
 the model's own forward), and neither costs anything when not asked for.
 
 The head is read from the model, not assumed: its weight and bias, and the transforms some
-families apply to the logits (Gemma 2/3's final soft-capping, Cohere's logit scale, Granite's
-logit scaling). Before a model's first use the fast head is checked once against the model's own
+families apply to the logits (Gemma 2/3's final soft-capping, Cohere's logit scale, Falcon-H1's
+head multiplier, Granite's logit scaling). Before a model's first use the fast head is checked once against the model's own
 forward on hidden states large enough for such transforms to act; a model whose head does
 something else is scored through its own full forward instead, with one line saying so.
 """
@@ -33,7 +33,8 @@ from torch.utils.checkpoint import checkpoint
 
 from upslope import routing
 from upslope.distributed import shard
-from upslope.train.learner import packing
+from upslope.models import decoder_body
+from upslope.train.learner import mixers, packing
 from upslope.train.learner.amp import replay_autocast, save_autocast
 
 
@@ -60,13 +61,14 @@ class HeadTransform:
 
     @classmethod
     def of(cls, model: Any) -> "HeadTransform":
-        """The transform `model`'s config declares (Cohere's `logit_scale` multiplies, Granite's
-        `logits_scaling` divides, Gemma's `final_logit_softcapping` caps)."""
+        """The transform `model`'s config declares (Cohere's `logit_scale` and Falcon-H1's `lm_head_multiplier`
+        multiply, Granite's `logits_scaling` divides, Gemma's `final_logit_softcapping` caps)."""
         config = getattr(model, "config", None)
         if config is None:  # a bare module with a head (no transformers config): the plain linear head
             return cls()
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        scale = float(getattr(config, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
+        scale = (float(getattr(config, "logit_scale", None) or 1.0) * float(getattr(config, "lm_head_multiplier", None) or 1.0)
+                 / float(getattr(config, "logits_scaling", None) or 1.0))
         cap = getattr(config, "final_logit_softcapping", None)
         return cls(scale, float(cap) if cap else None)
 
@@ -205,10 +207,12 @@ def _fast_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                  logits: routing.RouterLogits | None, packed: bool = False) -> HeadOutput:
     """`token_scores` through the decoder body and the chunked head."""
     n, length = input_ids.shape
+    if shared is not None and mixers.sets_aside(model, "train.share_prompt", "each row runs its own prompt"):
+        shared = None
     if packed and (routed_experts is not None or logits is not None):
         _say_once(model, "train.packing: routing replay and the router loss run padded micro-batches")
         packed = False
-    states = packing.packed_or_none(model, _body(model), checkpointed_layers(model, checkpoint_layers), input_ids,
+    states = packing.packed_or_none(model, decoder_body(model), checkpointed_layers(model, checkpoint_layers), input_ids,
                                     attention_mask, target_mask, shared) if packed else None
     if states is not None:
         h, targets, flat_index = states
@@ -287,7 +291,7 @@ def _head_gap(model: Any) -> float:
             out.last_hidden_state = h
             return out
 
-        hook = _body(model).register_forward_hook(replace)
+        hook = decoder_body(model).register_forward_hook(replace)
         try:
             own = model(input_ids=ids, use_cache=False).logits.float()
         finally:
@@ -337,15 +341,11 @@ def _place(flat: torch.Tensor | None, flat_index: torch.Tensor, n: int, length: 
     return zeros.index_put((flat_index,), flat).view(n, length, *flat.shape[1:])
 
 
-def _body(model: Any) -> Any:
-    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-
-
 def _row_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 target_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hidden states predicting each target token, the targets, and their flat [N * L] positions."""
     length = input_ids.shape[1]
-    hidden = _body(model)(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).last_hidden_state
+    hidden = decoder_body(model)(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False).last_hidden_state
     rows, cols = torch.nonzero(target_mask[:, 1:] > 0, as_tuple=True)  # the state at t predicts token t + 1
     return hidden[rows, cols], input_ids[rows, cols + 1], rows * length + cols + 1
 
@@ -489,7 +489,7 @@ def checkpointed_layers(model: Any, enabled: bool = True) -> Iterator[None]:
     inputs for backward and runs again there (activation checkpointing per layer). Unlike
     HF's gradient checkpointing it leaves a passed KV cache in place, so the shared-prompt
     forward keeps working; the cache must not change between the two runs (`_PrefixCache`)."""
-    layers = getattr(_body(model), "layers", None)
+    layers = getattr(decoder_body(model), "layers", None)
     if not enabled or not torch.is_grad_enabled() or layers is None:
         yield
         return
@@ -547,7 +547,7 @@ def _shared_prompt_states(model: Any, input_ids: torch.Tensor, attention_mask: t
     p_att = (src >= 0).long()
     p_ids = input_ids[first_row].gather(1, src.clamp(min=0)) * p_att
     p_pos = (p_att.cumsum(-1) - 1).clamp(min=0)
-    body = _body(model)
+    body = decoder_body(model)
     cache = DynamicCache()
     p_experts = _placed_experts(routed_experts, first_row.unsqueeze(1), src, p_att)
     with _body_call(model, p_experts, logits, p_att):

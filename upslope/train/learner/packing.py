@@ -14,7 +14,7 @@ their attention, and kept by checkpointed layers for the recompute), attends wit
 PyTorch's scaled-dot-product attention (or the same product written out when the model's own
 implementation soft-caps its attention logits: eager does, sdpa does not), and otherwise hands the call to the model's own implementation unchanged. Sliding
 windows, grouped-query heads and attention scaling are taken from the call, as the model's own attention
-gets them. Every packed forward checks that each decoder layer's attention saw the plan; a model whose
+gets them; chunked attention (Llama 4) from the layer's config. Every packed forward checks that each decoder layer's attention saw the plan; a model whose
 layers do not pass it is refused in one line rather than attended across rows.
 """
 from __future__ import annotations
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from upslope.train.learner import mixers
 
 PLAN_KEY = "upslope_pack"
 _PREFIX = "upslope_packed_"
@@ -56,21 +58,25 @@ class PackPlan:
 
     blocks: list[Block]
     calls: int = 0
-    _masks: dict[tuple[int, int, int | None, str], torch.Tensor] = field(default_factory=dict)
+    _masks: dict[tuple[int, int, int | None, int | None, str], torch.Tensor] = field(default_factory=dict)
 
-    def mask(self, block: Block, window: int | None, device: torch.device) -> torch.Tensor | None:
+    def mask(self, block: Block, window: int | None, device: torch.device, chunk: int | None = None
+             ) -> torch.Tensor | None:
         """Which keys (the prefix, then the block's own tokens) each of the block's queries may see:
-        None for plain causal attention, else a [own, prefix + own] boolean mask (reused across layers)."""
+        None for plain causal attention, else a [own, prefix + own] boolean mask (reused across layers).
+        `window`: a sliding window; `chunk`: chunked attention (a token sees only its own chunk of the row)."""
         own, prefix = block.end - block.start, block.prefix
-        if prefix == 0 and (window is None or own <= window):
+        if prefix == 0 and (window is None or own <= window) and (chunk is None or own <= chunk):
             return None
-        key = (prefix, own, window, str(device))
+        key = (prefix, own, window, chunk, str(device))
         if key not in self._masks:
-            q = torch.arange(own, device=device).unsqueeze(1) + prefix
+            q = torch.arange(own, device=device).unsqueeze(1) + prefix  # positions within the row
             k = torch.arange(prefix + own, device=device).unsqueeze(0)
             allowed = k <= q
             if window is not None:
                 allowed &= (q - k) < window
+            if chunk is not None:
+                allowed &= (q // chunk) == (k // chunk)
             self._masks[key] = allowed
         return self._masks[key]
 
@@ -166,7 +172,7 @@ def packed_or_none(model: Any, body: Any, layers: contextlib.AbstractContextMana
     """`packed_states` of the rows (each group's prompt once with `shared` = (prompt_lens, seq_lens,
     group_ids)) with the decoder `layers` wrapped as given (e.g. checkpointed), or None for a model the
     packed forward cannot run (said once per model; the caller pads)."""
-    if model in _UNPACKABLE:
+    if model in _UNPACKABLE or mixers.sets_aside(model, "train.packing", "this model runs padded micro-batches"):
         return None
     seq_lens = attention_mask.sum(1) if shared is None else shared[1]
     layout = pack(input_ids, seq_lens, None if shared is None else (shared[0], shared[2]))
@@ -227,15 +233,29 @@ def _wrap(base: str) -> Callable[..., Any]:
         plan.calls += 1
         if base == "sdpa":  # transformers' sdpa attention does not soft-cap: neither does its packed form
             kwargs.pop("softcap", None)
-        return block_attention(plan, query, key, value, **kwargs), None
+        return block_attention(plan, query, key, value, chunk=_chunk_of(module), **kwargs), None
 
     return attention
 
 
+def _chunk_of(module: Any) -> int | None:
+    """The attention chunk of `module`'s layer when it is a chunked-attention layer (Llama 4: the config's
+    `attention_chunk_size` on the layers `layer_types` marks `chunked_attention`), else None."""
+    config = getattr(module, "config", None)
+    size = getattr(config, "attention_chunk_size", None)
+    if not size:
+        return None
+    types, index = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if types is None or index is None:
+        raise PackingUnsupported(f"{type(module).__name__}: chunked attention on layers the config does not name")
+    return int(size) if types[index] == "chunked_attention" else None
+
+
 def block_attention(plan: PackPlan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                     dropout: float = 0.0, scaling: float | None = None, softcap: float | None = None,
-                    sliding_window: int | None = None, **other: Any) -> torch.Tensor:
-    """Attention of a packed [1, heads, T, dim] query within each block of `plan`; [1, T, heads, dim]."""
+                    sliding_window: int | None = None, chunk: int | None = None, **other: Any) -> torch.Tensor:
+    """Attention of a packed [1, heads, T, dim] query within each block of `plan` (and within `chunk`-token
+    chunks of each row when given); [1, T, heads, dim]."""
     unknown = {k: v for k, v in other.items() if v is not None and k not in _IGNORED}
     if unknown:
         raise PackingUnsupported(f"attention options the packed forward does not implement: {sorted(unknown)}")
@@ -252,7 +272,7 @@ def block_attention(plan: PackPlan, query: torch.Tensor, key: torch.Tensor, valu
             pre = slice(block.prefix_start, block.prefix_end)
             k = torch.cat([key[:, :, pre], k], 2)
             v = torch.cat([value[:, :, pre], v], 2)
-        mask = plan.mask(block, sliding_window, query.device)
+        mask = plan.mask(block, sliding_window, query.device, chunk)
         outs.append(_attend(q, k, v, mask, scale, softcap, dropout))
     return torch.cat(outs, 2).transpose(1, 2).contiguous()
 

@@ -16,6 +16,7 @@ import torch
 
 from upslope.batch import Batch
 from upslope.errors import ConfigError
+from upslope.models import decoder_body
 from upslope.train.learner.logprobs import token_logprobs
 
 
@@ -36,11 +37,6 @@ def flow_to_answer(attn: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _body(model: Any) -> Any:
-    """The decoder without its LM head: no vocabulary-sized logits for passes that need none."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-
-
 def _shift_to_tokens(per_position: torch.Tensor) -> torch.Tensor:
     """A value about the state at position t - 1 (the one that chooses token t) placed at t."""
     return torch.cat([torch.zeros_like(per_position[:, :1]), per_position[:, :-1]], dim=1)
@@ -51,7 +47,7 @@ def mean_attention(model: Any, mb: Batch) -> torch.Tensor:
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # sdpa and flash kernels return no attention maps
     try:
-        out = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_attentions=True,
+        out = decoder_body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), output_attentions=True,
                            use_cache=False)
     finally:
         model.set_attn_implementation(impl)
@@ -92,9 +88,9 @@ def adapter_residual(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor:
     if not is_adapted(model):
         raise ConfigError("advantage 'arca' reads the LoRA adapter's residual: set lora.enabled: true")
     kw = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
-    adapted = _body(model)(**kw).last_hidden_state.float()
+    adapted = decoder_body(model)(**kw).last_hidden_state.float()
     with model.disable_adapter():
-        base = _body(model)(**kw).last_hidden_state.float()
+        base = decoder_body(model)(**kw).last_hidden_state.float()
     return _shift_to_tokens((adapted - base).norm(dim=-1))
 
 
@@ -104,7 +100,7 @@ def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor
     emb = model.get_input_embeddings()(mb.input_ids).detach().requires_grad_(True)
     rows, cols = torch.nonzero(answer_region(mb.loss_mask, answer_tokens)[:, 1:], as_tuple=True)
     with torch.enable_grad():
-        h = _body(model)(inputs_embeds=emb, attention_mask=mb.attention_mask.long(), use_cache=False).last_hidden_state
+        h = decoder_body(model)(inputs_embeds=emb, attention_mask=mb.attention_mask.long(), use_cache=False).last_hidden_state
         logits = model.get_output_embeddings()(h[rows, cols]).float()  # only the answer's predicting states
         lp = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[rows, cols + 1, None])
         (grad,) = torch.autograd.grad(lp.sum(), emb)
@@ -115,7 +111,7 @@ def gradient_saliency(model: Any, mb: Batch, answer_tokens: int) -> torch.Tensor
 def hidden_mean(model: Any, mb: Batch) -> torch.Tensor:
     """[n, D]: each row's last-layer hidden state averaged over the states that choose its trained tokens
     (position t - 1 for token t): one forward of the decoder body, no vocabulary head."""
-    h = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    h = decoder_body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
     h = h.last_hidden_state.float()[:, :-1]
     w = (mb.loss_mask[:, 1:] > 0).to(h.dtype).unsqueeze(-1)
     return (h * w).sum(1) / w.sum(1).clamp(min=1.0)
@@ -126,7 +122,7 @@ def hidden_states(model: Any, mb: Batch) -> torch.Tensor:
     """[n, L, D]: the last-layer hidden state at every position (the state after reading the tokens up to and
     including it), 0 on padding: one forward of the decoder body, no vocabulary head. The prefix through
     token t is summarised at t; token t is chosen by the state at t - 1."""
-    h = _body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
+    h = decoder_body(model)(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long(), use_cache=False)
     return h.last_hidden_state.float() * mb.attention_mask.unsqueeze(-1).float()
 
 
@@ -198,7 +194,7 @@ def prompt_features(updater: Any, prompt_ids: Sequence[list[int]], rows: int = 6
             ids = torch.tensor([list(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
             mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in chunk], device=updater.device)
             with updater.autocast():
-                h = _body(model)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state.float()
+                h = decoder_body(model)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state.float()
             m = mask.unsqueeze(-1).to(h.dtype)
             out.append(((h * m).sum(1) / m.sum(1)).cpu())
     finally:

@@ -23,6 +23,7 @@ from upslope.models import load_model
 from upslope.scalar_head import token_values
 from upslope.train.learner.finite import NonFiniteGuard
 from upslope.train.learner.logprobs import HeadOutput, Truncation, same_prompt_within_groups, token_scores
+from upslope.train.learner import mixers
 from upslope.train.learner.memory import return_large_frees, use_lean_activations
 from upslope.train.learner.optim import make_optimizer, make_scheduler, moments_as
 
@@ -143,8 +144,10 @@ class Updater:
 
     @property
     def share_prompt(self) -> bool:
-        """Forward each group's prompt once (KV cache shared by its completions)?"""
-        return self.train_cfg.share_prompt
+        """Forward each group's prompt once (KV cache shared by its completions)? Not for a model with
+        recurrent layers, whose prompt state is no KV cache (`mixers`)."""
+        return self.train_cfg.share_prompt and not mixers.sets_aside(self.model, "train.share_prompt",
+                                                                     "each row runs its own prompt")
 
     def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
         """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
