@@ -20,17 +20,23 @@ from upslope.train.learner.updater import Updater
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(scope="module")
+def family_path(smollm_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrids")
+    return lambda name: make_family_model(name, smollm_path, root / name)
+
+
 @pytest.mark.parametrize("family, count", [("falcon_h1", 2), ("lfm2", 1), ("qwen3_next", 1), ("llama", 0),
                                            ("gpt_oss", 0)])
-def test_recurrent_layers_are_counted_from_the_config(family, count, smollm_path, tmp_path):
-    model = load_model(make_family_model(family, smollm_path, tmp_path / family), empty=True)
+def test_recurrent_layers_are_counted_from_the_config(family, count, family_path):
+    model = load_model(family_path(family), empty=True)
     assert recurrent_layers(model) == count
 
 
-def test_a_hybrid_scores_each_row_with_its_own_prompt_and_says_so_once(smollm_path, tmp_path, caplog):
+def test_a_hybrid_scores_each_row_with_its_own_prompt_and_says_so_once(family_path, caplog):
     """Falcon-H1 with train.share_prompt and train.packing on: both set aside (one line each, once), and the
     learner's log-probs are those of the model's own forward over each row alone."""
-    path = make_family_model("falcon_h1", smollm_path, tmp_path / "falcon_h1")
+    path = family_path("falcon_h1")
     cfg = load_config(None, [f"model.name={path}", "train.precision=float32", "train.share_prompt=true",
                              "train.packing=true", "train.micro_batch_tokens=256"])
     updater = Updater.from_config(cfg, path, "cpu")
