@@ -212,7 +212,7 @@ def paged_model_check(model_path: str) -> str | None:
     cannot = "which transformers' paged cache cannot hold"
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     if text.get("kv_lora_rank"):
-        return f"{archs} uses multi-head latent attention, whose keys and values {cannot}"
+        return f"{archs} uses multi-head latent attention, whose keys and values transformers' paged cache cannot hold"
     recurrent = _recurrent_layers(model_path)
     if recurrent:
         return f"{archs} has {recurrent} recurrent layer{'s' if recurrent > 1 else ''} (state-space, convolution or " \
