@@ -32,9 +32,14 @@ def is_adapter_dir(path: str | Path) -> bool:
 
 
 def linear_layers(model: Any) -> list[str]:
-    """Full names of the model's linear layers, the LM head excluded: what LoRA can adapt."""
+    """Full names of the model's linear layers, the LM head excluded: what LoRA can adapt. A vision-language
+    model, which upslope runs on text alone, adapts its language decoder's only (not its vision tower's)."""
     head = model.get_output_embeddings()
-    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    within = None
+    if getattr(getattr(model, "config", None), "vision_config", None) is not None:
+        within = {id(m) for m in decoder_body(model).modules()}
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head
+            and (within is None or id(m) in within)]
 
 
 def routers(model: Any) -> set[str]:

@@ -285,23 +285,36 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     """The causal LM at `path` in `dtype`. With `empty` only its architecture: parameters on the
     meta device (no weight file is read), buffers computed as usual, tied weights tied; for a
     learner rank that receives its weights from rank 0 (`upslope.distributed.shard.shard_model`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     check_remote_code(path, trust_remote_code)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        auto = model_class(config)
         if empty:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
             with empty_weights():
-                model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype],
-                                                         trust_remote_code=trust_remote_code, **extra)
+                model = auto.from_config(config, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra)
             model.tie_weights()  # (not done under the meta-device context)
             return model
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
-                                                     **extra)
+        model = auto.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra)
     except Exception as exc:  # corrupt weights or config raise many types (OSError, SafetensorError, ...)
         raise ModelError(f"model at {path} could not be loaded: {_first_line(exc)}") from None
     return model
+
+
+def model_class(config: Any) -> Any:
+    """The transformers auto class a model with this config loads as: a causal LM, or, for a vision-language
+    checkpoint transformers has no causal-LM class for (Mistral 3, Qwen2.5-VL), its image-text-to-text class,
+    which upslope runs on text alone (its decoder and head; the vision tower is loaded and not used)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    kind = type(config)
+    if kind in AutoModelForCausalLM._model_mapping or getattr(config, "auto_map", None):
+        return AutoModelForCausalLM
+    if getattr(config, "vision_config", None) is not None and kind in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM  # whose error says what it cannot load
 
 
 def recurrent_layer_count(config: Any) -> int:

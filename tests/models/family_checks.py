@@ -71,7 +71,7 @@ def learner_scores(model: Any, b: dict[str, torch.Tensor], mode: str) -> Any:
 
 def forward_difference(model: Any, mode: str) -> tuple[float, float]:
     """max |learner - plain forward| of the log-probs and of the entropies, in `mode`."""
-    b = batch(model.config.vocab_size)
+    b = batch(model.get_output_embeddings().weight.shape[0])
     with torch.no_grad():
         ref_lp, ref_ent = plain_scores(model, b)
         out = learner_scores(model, b, mode)
@@ -81,7 +81,7 @@ def forward_difference(model: Any, mode: str) -> tuple[float, float]:
 def gradient_difference(model: Any, mode: str) -> float:
     """max over parameters of |learner grad - plain autograd grad| / max |plain grad| for the loss
     sum(w * log-prob) with fixed random token weights w."""
-    b = batch(model.config.vocab_size, seed=1)
+    b = batch(model.get_output_embeddings().weight.shape[0], seed=1)
     weights = torch.randn(b["input_ids"].shape, generator=torch.Generator().manual_seed(2))
     model.zero_grad()
     ref_lp, _ = plain_scores(model, b)

@@ -93,6 +93,7 @@ def kv_cache_gb_for(model_path: str, tokens: int, dtype_bytes: int = 2, max_gb: 
     from pathlib import Path
 
     mc = json.loads((Path(model_path) / "config.json").read_text())
+    mc = mc.get("text_config") or mc  # a vision-language checkpoint: its language model's
     heads = mc["num_attention_heads"]
     head_dim = mc.get("head_dim") or mc["hidden_size"] // heads
     per_token = mc["num_hidden_layers"] * mc.get("num_key_value_heads", heads) * head_dim * 2 * dtype_bytes

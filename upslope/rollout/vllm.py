@@ -278,6 +278,8 @@ def vllm_model_check(model_path: str) -> str | None:
     if known[0] in RELOAD_MISSES:
         return f"vLLM's {known[0]} {RELOAD_MISSES[known[0]]}"
     config = json.loads((Path(model_path) / "config.json").read_text())
+    if config.get("vision_config") is not None and importlib.util.find_spec("torchvision") is None:
+        return f"vLLM's vision-language models ({known[0]}) import torchvision, which is not installed"
     config = config.get("text_config", config)
     if known[0] in ALWAYS_TIED and config.get("tie_word_embeddings") is False:
         return (f"vLLM's {known[0]} always ties its LM head to the input embeddings, and this checkpoint has a head "
