@@ -100,6 +100,18 @@ def gradient_difference(model: Any, mode: str) -> float:
     return worst
 
 
+def sampler_gaps(engine: Any, policy: Any, tokenizer: Any) -> tuple[float, float]:
+    """`engine_difference` on three prompts before and after a `large_update` of `policy` pushed into `engine`
+    (which is closed afterwards)."""
+    prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
+    before = engine_difference(engine, policy, prompts)
+    large_update(policy)
+    engine.update_weights(policy.named_parameters())
+    after = engine_difference(engine, policy, prompts, seed=1)
+    engine.close()
+    return before, after
+
+
 def engine_difference(engine: Any, policy: Any, prompts: list[list[int]], seed: int = 0) -> float:
     """max |sampler log-prob - learner log-prob| over the tokens `engine` samples (n = 2, 12 tokens) from
     `prompts`, the learner scoring them with `policy` at the sampling temperature."""

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from family_checks import (MODES, PAGED_REFUSED, SLOW_CHECKS, engine_difference, families, forward_difference,
-                           gradient_difference, large_update)
+from family_checks import (MODES, PAGED_REFUSED, SLOW_CHECKS, families, forward_difference, gradient_difference,
+                           sampler_gaps)
 
 from upslope.families import FAMILIES, make_family_model
 from upslope.models import load_model, load_tokenizer
@@ -96,12 +96,7 @@ def test_engines_sample_what_the_learner_scores(family, engine_name, family_path
     tokenizer = load_tokenizer(path)
     policy = load_model(path, "float32").eval()
     engine = (HFEngine if engine_name == "hf" else PagedEngine)(path, tokenizer, dtype="float32")
-    prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
-    before = engine_difference(engine, policy, prompts)
-    large_update(policy)
-    engine.update_weights(policy.named_parameters())
-    after = engine_difference(engine, policy, prompts, seed=1)
-    engine.close()
+    before, after = sampler_gaps(engine, policy, tokenizer)
     family_results(family, f"sampler: {engine_name}", max(before, after))
     assert before < ENGINE_TOL and after < ENGINE_TOL, (before, after)
 

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from family_checks import MODES, engine_difference, forward_difference, large_update
+from family_checks import MODES, forward_difference, sampler_gaps
 
 from upslope import lora
 from upslope.families import family_config
@@ -79,12 +79,7 @@ def test_a_vision_language_checkpoint_trains_on_text(name, vlm_path):
     assert all(n.startswith("model.language_model.") for n in lora.linear_layers(model))
     tokenizer = load_tokenizer(path)
     engine = HFEngine(path, tokenizer, dtype="float32")
-    prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
-    before = engine_difference(engine, model, prompts)
-    large_update(model)
-    engine.update_weights(model.named_parameters())
-    after = engine_difference(engine, model, prompts, seed=1)
-    engine.close()
+    before, after = sampler_gaps(engine, model, tokenizer)
     assert before < 5e-4 and after < 5e-4, (before, after)
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(model_dir: str, result_path: str) -> None:
-    from family_checks import engine_difference, large_update
+    from family_checks import sampler_gaps
 
     from upslope.models import load_model, load_tokenizer
     from upslope.rollout.vllm import VLLMEngine
@@ -23,12 +23,7 @@ def main(model_dir: str, result_path: str) -> None:
     policy = load_model(model_dir, "float32").eval()
     engine = VLLMEngine(model_dir, tokenizer, dtype="float32", enforce_eager=True, kv_cache_gb=0.25, max_num_seqs=16,
                         max_model_len=256, seed=0)
-    prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
-    before = engine_difference(engine, policy, prompts)
-    large_update(policy)
-    engine.update_weights(policy.named_parameters())
-    after = engine_difference(engine, policy, prompts, seed=1)
-    engine.close()
+    before, after = sampler_gaps(engine, policy, tokenizer)
     Path(result_path).write_text(json.dumps({"before": before, "after": after}))
 
 
