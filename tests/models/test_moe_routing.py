@@ -288,7 +288,7 @@ def test_the_routers_gradient_under_replay_is_that_of_the_forced_experts(family,
             assert float((r.weight.grad - w).abs().max()) < 1e-4 * float(w.abs().max()), mode
 
 
-@pytest.mark.parametrize("family", ROUTED)
+@pytest.mark.parametrize("family", families(ROUTED, {"qwen3_next"}))
 def test_the_load_balancing_loss_is_transformers_own(family, sampled):
     import importlib
 
