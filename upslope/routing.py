@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -215,6 +216,8 @@ def _logits_index(model: Any) -> dict[type, int]:
     """Where each kind of router of `model` puts its logits in its output tuple, as transformers itself records
     them (`_can_record_outputs`: Llama 4's router returns its scores first, Granite's its picks); the first
     element for a router it does not name."""
+    if model in _LOGITS_AT:
+        return _LOGITS_AT[model]
     where: dict[type, int] = {}
     for module in model.modules():
         recorded = getattr(module, "_can_record_outputs", None)
@@ -222,7 +225,11 @@ def _logits_index(model: Any) -> dict[type, int]:
         target = getattr(recorder, "target_class", None)
         if isinstance(target, type):
             where[target] = int(getattr(recorder, "index", 0) or 0)
+    _LOGITS_AT[model] = where
     return where
+
+
+_LOGITS_AT: "weakref.WeakKeyDictionary[Any, dict[type, int]]" = weakref.WeakKeyDictionary()  # read once a model
 
 
 def expert_counts(model: Any) -> tuple[int, int]:

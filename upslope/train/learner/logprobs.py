@@ -207,7 +207,7 @@ def _fast_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                  logits: routing.RouterLogits | None, packed: bool = False) -> HeadOutput:
     """`token_scores` through the decoder body and the chunked head."""
     n, length = input_ids.shape
-    if shared is not None and mixers.sets_aside(model, "train.share_prompt", "each row runs its own prompt"):
+    if shared is not None and mixers.sets_aside(model, "train.share_prompt"):
         shared = None
     if packed and (routed_experts is not None or logits is not None):
         _say_once(model, "train.packing: routing replay and the router loss run padded micro-batches")

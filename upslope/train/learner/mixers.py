@@ -35,9 +35,14 @@ def recurrent_layers(model: Any) -> int:
     return count
 
 
-def sets_aside(model: Any, option: str, instead: str) -> bool:
-    """True when `model` has recurrent layers, so that `option` (a learner option that relies on attention
-    alone) is set aside for it and the learner does `instead`; said once per model and option."""
+# the learner options that rely on attention alone, and what the learner does instead for a hybrid
+INSTEAD = {"train.share_prompt": "each row runs its own prompt",
+           "train.packing": "this model runs padded micro-batches"}
+
+
+def sets_aside(model: Any, option: str) -> bool:
+    """True when `model` has recurrent layers, so that `option` (one of INSTEAD) is set aside for it; said
+    once per model and option."""
     count = recurrent_layers(model)
     if not count:
         return False
@@ -45,5 +50,5 @@ def sets_aside(model: Any, option: str, instead: str) -> bool:
     if option not in said:
         said.add(option)
         _log.warning(f"{option}: {type(model).__name__} has {count} recurrent layer{'s' if count > 1 else ''} "
-                     f"(a state carried along the sequence, not attention); {instead}")
+                     f"(a state carried along the sequence, not attention); {INSTEAD[option]}")
     return True

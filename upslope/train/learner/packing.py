@@ -172,7 +172,7 @@ def packed_or_none(model: Any, body: Any, layers: contextlib.AbstractContextMana
     """`packed_states` of the rows (each group's prompt once with `shared` = (prompt_lens, seq_lens,
     group_ids)) with the decoder `layers` wrapped as given (e.g. checkpointed), or None for a model the
     packed forward cannot run (said once per model; the caller pads)."""
-    if model in _UNPACKABLE or mixers.sets_aside(model, "train.packing", "this model runs padded micro-batches"):
+    if model in _UNPACKABLE or mixers.sets_aside(model, "train.packing"):
         return None
     seq_lens = attention_mask.sum(1) if shared is None else shared[1]
     layout = pack(input_ids, seq_lens, None if shared is None else (shared[0], shared[2]))

@@ -146,8 +146,7 @@ class Updater:
     def share_prompt(self) -> bool:
         """Forward each group's prompt once (KV cache shared by its completions)? Not for a model with
         recurrent layers, whose prompt state is no KV cache (`mixers`)."""
-        return self.train_cfg.share_prompt and not mixers.sets_aside(self.model, "train.share_prompt",
-                                                                     "each row runs its own prompt")
+        return self.train_cfg.share_prompt and not mixers.sets_aside(self.model, "train.share_prompt")
 
     def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
         """Row indices of each micro-batch; with `whole_groups` no group is ever split (for
