@@ -100,15 +100,16 @@ def gradient_difference(model: Any, mode: str) -> float:
     return worst
 
 
-def sampler_gaps(engine: Any, policy: Any, tokenizer: Any) -> tuple[float, float]:
+def sampler_gaps(engine: Any, policy: Any, tokenizer: Any, close: bool = True) -> tuple[float, float]:
     """`engine_difference` on three prompts before and after a `large_update` of `policy` pushed into `engine`
-    (which is closed afterwards)."""
+    (which is then closed, unless `close` is false)."""
     prompts = [tokenizer.encode(f"Question {i}: how many legs do {i} spiders have?") for i in range(3)]
     before = engine_difference(engine, policy, prompts)
     large_update(policy)
     engine.update_weights(policy.named_parameters())
     after = engine_difference(engine, policy, prompts, seed=1)
-    engine.close()
+    if close:
+        engine.close()
     return before, after
 
 
@@ -130,9 +131,11 @@ def engine_difference(engine: Any, policy: Any, prompts: list[list[int]], seed: 
     return worst
 
 
-def large_update(model: Any, seed: int = 3, scale: float = 0.05) -> None:
-    """Move every weight by scale x its own RMS in a random direction (every tensor changes)."""
+def large_update(model: Any, seed: int = 3, scale: float = 0.05, only: str = "", floor: float = 1e-3) -> None:
+    """Move every weight (those whose name contains `only`) by scale x its own RMS, at least `floor`, in a random
+    direction (every such tensor changes)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.float().pow(2).mean().sqrt().clamp(min=1e-3))
+        for name, p in model.named_parameters():
+            if only in name:
+                p.add_(torch.randn(p.shape, generator=gen) * scale * p.float().pow(2).mean().sqrt().clamp(min=floor))

