@@ -3,6 +3,7 @@ compiler cannot build there, so vLLM's compiled helpers run uncompiled; and the 
 to LD_PRELOAD from such a path are dropped, since the loader splits that list at spaces."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -66,3 +67,18 @@ def test_only_the_spaced_preloads_vllm_added_are_dropped(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/x y/torch/lib/libgomp.so.1")
     drop_spaced_preloads(None)
     assert "LD_PRELOAD" not in os.environ
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tmp_path):
+    """vLLM's import has torch's compiler make its cache directory; by default that is torchinductor_<user> in
+    the temporary directory, left behind after the run."""
+    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache))
+    code = "from upslope.rollout.vllm import configure_vllm_env; configure_vllm_env(); import vllm"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchinductor")]
+    assert (cache / "torchinductor").is_dir()
