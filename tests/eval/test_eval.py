@@ -163,7 +163,8 @@ def test_a_run_on_one_training_file_says_its_evaluation_is_not_held_out(tiny_mod
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": i + 1}) + "\n" for i in range(4)))
     base = ["train", f"model.name={tiny_model_path}", "engine.name=hf", f"data.path={data}", "reward=[{name: integer}]",
-            "train.steps=1", "train.eval_before=false", "eval.limit=2", "rollout.prompts_per_step=2", "rollout.n=2"]
+            "train.steps=1", "train.eval_before=false", "eval.limit=2", "rollout.prompts_per_step=2", "rollout.n=2",
+            "rollout.max_new_tokens=8"]
     warning = "evaluation reads the training file"
     for extra, expected in (([], 1), ([f"eval.data.path={data}"], 0)):
         assert main([*base, f"run_dir={tmp_path / f'r{expected}'}", *extra]) == 0
