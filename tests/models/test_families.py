@@ -204,3 +204,22 @@ def test_vllm_refuses_an_lfm2_with_a_head_of_its_own(family_path, tmp_path):
     (untied / "config.json").write_text(json.dumps(config))
     reason = vllm_model_check(str(untied))
     assert reason is not None and "always ties its LM head" in reason and "\n" not in reason, reason
+
+
+@pytest.mark.parametrize("method", ["fp8", "mxfp4"])
+def test_vllm_refuses_a_quantized_checkpoint(method, family_path, tmp_path):
+    """A pre-quantized checkpoint (FP8 Qwen3, MXFP4 GPT-OSS, ...) runs quantized layers in vLLM, which a push of
+    the learner's full-precision tensors cannot refill: one line, before vLLM starts (auto then takes hf)."""
+    import shutil
+
+    from upslope.rollout.vllm import vllm_model_check
+
+    family = {"fp8": "qwen3", "mxfp4": "gpt_oss"}[method]
+    quantized = tmp_path / f"{family}-{method}"
+    shutil.copytree(family_path(family), quantized)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method}
+    (quantized / "config.json").write_text(json.dumps(config))
+    assert vllm_model_check(family_path(family)) is None
+    reason = vllm_model_check(str(quantized))
+    assert reason is not None and f"quant_method={method}" in reason and "\n" not in reason, reason

@@ -290,6 +290,12 @@ def vllm_model_check(model_path: str) -> str | None:
         return (f"vLLM runs {known[0]} only through its Transformers backend, which patches transformers' model "
                 f"class in this process (the learner's copy then fails)")
     config = json.loads((Path(model_path) / "config.json").read_text())
+    quantized = (config.get("text_config") or config).get("quantization_config") or config.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+        return (f"this checkpoint is quantized (quantization_config.quant_method={method}): vLLM would run quantized "
+                f"layers, which the weight sync cannot refill from the learner's full-precision weights; train from "
+                f"a full-precision copy to sample with vLLM")
     if config.get("vision_config") is not None and importlib.util.find_spec("torchvision") is None:
         return f"vLLM's vision-language models ({known[0]}) import torchvision, which is not installed"
     config = config.get("text_config", config)
