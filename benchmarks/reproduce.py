@@ -226,6 +226,15 @@ def recorded(ledger: Path, cmd: Sequence[str], metrics: Sequence[str]) -> dict[s
     return None
 
 
+def recorded_cpu_s(ledger: Path, cmd: Sequence[str]) -> float:
+    """The CPU seconds the ledger records for `cmd` at this code stamp (0 when it holds no such arm)."""
+    key, code = ledger_args(cmd), git_head()
+    for rec in reversed(load_rows(ledger)):
+        if rec["args"] == key and rec["code"] == code:
+            return float(rec.get("cpu_s", 0.0))
+    return 0.0
+
+
 def record(ledger: Path, cmd: Sequence[str], got: dict[str, float], cpu_s: float) -> None:
     """Append a finished arm to the ledger."""
     append_row(ledger, {"args": ledger_args(cmd), "code": git_head(), "metrics": got, "cpu_s": round(cpu_s, 1),
@@ -405,10 +414,13 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
         for *_, cmd in planned:
             print(shlex.join(cmd))
         return None
-    for (_, arm, _, _), (got, again) in zip(planned, run_arms(planned, method, keys, fresh, ledger, jobs)):
+    taken_cpu_s = 0.0  # method arms run earlier (a `--seeds 1` part makes no row): the ledger's CPU for them
+    for (_, arm, _, cmd), (got, again) in zip(planned, run_arms(planned, method, keys, fresh, ledger, jobs)):
         for m in keys:
             values[m][arm].append(got[m])
         reused += again
+        if again and arm == "method" and ledger is not None:
+            taken_cpu_s += recorded_cpu_s(ledger, cmd)
     if len(seeds) < 2:
         print(f"{method}: seed {seeds[0]} recorded for the row's own run; one seed makes no row (no interval)")
         return None
@@ -416,10 +428,11 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
                           "--seeds", str(len(seeds)), *(["--first-seed", str(seeds[0])] if seeds[0] else []),
                           *(["--task", task] if task else []),
                           *[f"--set={x}" for x in user_extra]])
-    row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command, cpu_s=children_cpu_s() - cpu0)
+    row = row_for(method, claim, values, steps=steps, seeds=seeds, command=command,
+                  cpu_s=children_cpu_s() - cpu0 + taken_cpu_s)
     if task is not None:
         row["task"] = task
-    row["reused_runs"] = reused  # their CPU time was counted in the row that ran them
+    row["reused_runs"] = reused  # the method arms' CPU counts here; a shared baseline's in the row that ran it
     row["code"] = git_head()  # the version of upslope, recipes and pyproject the runs were made with
     if teacher:
         row["teacher"] = teacher

@@ -345,6 +345,18 @@ def test_one_seed_runs_and_records_its_arms_and_makes_no_row(tmp_path, monkeypat
     assert launches.read_text() == "xx" and not rows.exists()
     assert [r["metrics"] for r in json.loads(ledger.read_text())] == [{"eval/accuracy": 0.55}] * 2
     assert "seed 3 recorded for the row's own run; one seed makes no row" in capsys.readouterr().out
+    # seed 4 likewise, then the row over seeds 3-4 runs nothing and counts its method arms' CPU from the ledger
+    assert rp.main(["cero", "--seeds", "1", "--first-seed", "4", "--work", str(tmp_path / "w"), "--rows", str(rows),
+                    "--arms", str(ledger)]) == 0
+    arms = json.loads(ledger.read_text())
+    for rec, cpu_s in zip(arms, (100.0, 1000.0, 200.0, 2000.0)):  # seed 3's method and baseline, then seed 4's
+        rec["cpu_s"] = cpu_s
+    ledger.write_text(json.dumps(arms))
+    assert rp.main(["cero", "--seeds", "2", "--first-seed", "3", "--work", str(tmp_path / "w"),
+                    "--rows", str(rows), "--arms", str(ledger)]) == 0
+    (row,) = json.loads(rows.read_text())
+    assert launches.read_text() == "xxxx" and row["reused_runs"] == 4
+    assert abs(row["cpu_s"] - 300.0) < 1.0, row["cpu_s"]  # the method arms' (a baseline counts where it ran)
 
 
 ARM_SIDE_BY_SIDE = """
