@@ -29,10 +29,18 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(root)
 
 
+def keep_compiler_cache(cache_dir: str | None = None) -> None:
+    """torch's compiler caches under the temporary directory by default (torchinductor_<user>, left behind after
+    the run), and both transformers' GGUF loading and vLLM reach it: keep it in upslope's cache instead, unless
+    TORCHINDUCTOR_CACHE_DIR is set (torch sets it too, on first use: call this before)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root(cache_dir) / "torchinductor"))
+
+
 def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print,
                   option: str = "model.name") -> str:
     """A local directory holding an HF model (config, safetensors, tokenizer) for `name`; errors
     name `option`, the setting that gave it."""
+    keep_compiler_cache(cache_dir)  # before a GGUF conversion, which reaches torch's compiler cache
     if name in EMBEDDED:
         module, filename, install = EMBEDDED[name]
         spec = importlib.util.find_spec(module)

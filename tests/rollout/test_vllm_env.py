@@ -71,13 +71,16 @@ def test_only_the_spaced_preloads_vllm_added_are_dropped(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tmp_path):
-    """vLLM's import has torch's compiler make its cache directory; by default that is torchinductor_<user> in
-    the temporary directory, left behind after the run."""
+    """The README's first command converts the embedded GGUF into a fresh cache and imports vLLM; both have torch's
+    compiler make its cache directory, by default torchinductor_<user> in the temporary directory, left behind
+    after the run."""
     tmp, cache = tmp_path / "tmp", tmp_path / "cache"
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache))
-    code = "from upslope.rollout.vllm import configure_vllm_env; configure_vllm_env(); import vllm"
+    code = ("from upslope.models import resolve_model; resolve_model('smollm2-135m-instruct'); import os; "
+            "assert not [p for p in os.listdir(os.environ['TMPDIR']) if p.startswith('torchinductor')], 'conversion'; "
+            "from upslope.rollout.vllm import configure_vllm_env; configure_vllm_env(); import vllm")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchinductor")]

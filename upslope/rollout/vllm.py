@@ -78,15 +78,13 @@ def configure_vllm_env() -> None:
     the free cores before each generation. The binding variables matter only if a user turns
     multiprocessing back on: then bind to the cores this process may use and reserve none."""
     from upslope.logs import quiet
-    from upslope.models import cache_root
+    from upslope.models import keep_compiler_cache
 
     quiet.install()  # before vLLM's first import, which logs and warns the noise it filters
     work_around_spaced_install()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    # torch's compiler (vLLM compiles small helpers at import and start) caches under the temporary directory
-    # by default, as torchinductor_<user>, left behind after the run: it lives in upslope's cache instead
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "torchinductor"))
+    keep_compiler_cache()  # vLLM compiles small helpers at import and start
     if _cpu_only():
         try:
             cores = sorted(os.sched_getaffinity(0))
