@@ -69,19 +69,29 @@ def test_only_the_spaced_preloads_vllm_added_are_dropped(monkeypatch):
     assert "LD_PRELOAD" not in os.environ
 
 
+VLLM_IMPORT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])  # torch and vLLM imported from there
+    from upslope.rollout.vllm import configure_vllm_env
+    configure_vllm_env()
+    import vllm
+""")
+CONVERSION = "from upslope.models import resolve_model; resolve_model('smollm2-135m-instruct')"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tmp_path):
-    """The README's first command converts the embedded GGUF into a fresh cache and imports vLLM; both have torch's
+    """The README's first command converts the embedded GGUF into a fresh cache and starts vLLM, from a clone whose
+    path may have spaces; the conversion, vLLM's import and the workaround for such a path each have torch's
     compiler make its cache directory, by default torchinductor_<user> in the temporary directory, left behind
     after the run."""
-    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
-    tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache))
-    code = ("from upslope.models import resolve_model; resolve_model('smollm2-135m-instruct'); import os; "
-            "assert not [p for p in os.listdir(os.environ['TMPDIR']) if p.startswith('torchinductor')], 'conversion'; "
-            "from upslope.rollout.vllm import configure_vllm_env; configure_vllm_env(); import vllm")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchinductor")]
-    assert (cache / "torchinductor").is_dir()
+    site = _spaced_site(tmp_path)
+    for name, args in (("vllm", ["-c", VLLM_IMPORT, site]), ("conversion", ["-c", CONVERSION])):
+        tmp, cache = tmp_path / name / "tmp", tmp_path / name / "cache"
+        tmp.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+        env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache))
+        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchinductor")], name
+        assert (cache / "torchinductor").is_dir(), name

@@ -80,11 +80,11 @@ def configure_vllm_env() -> None:
     from upslope.logs import quiet
     from upslope.models import keep_compiler_cache
 
+    keep_compiler_cache()  # first: vLLM compiles small helpers, and reading torch's compiler settings makes its cache
     quiet.install()  # before vLLM's first import, which logs and warns the noise it filters
     work_around_spaced_install()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process: weight swaps
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    keep_compiler_cache()  # vLLM compiles small helpers at import and start
     if _cpu_only():
         try:
             cores = sorted(os.sched_getaffinity(0))
