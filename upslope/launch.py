@@ -64,9 +64,10 @@ def _rank(command: str, cfg: Config) -> None:
 def launch(command: str, cfg: Config) -> dict[str, Any]:
     """Run `command` on `cfg` with its learner across `dist.learner_procs` processes: the before/after
     evaluation when it ran in this process ({} from spawned ranks); RankFailed when a rank failed."""
-    from upslope.models import resolve_model
+    from upslope.models import keep_compiler_cache, resolve_model
     from upslope.train.learner.updater import default_device
 
+    keep_compiler_cache(cfg.model.cache_dir)  # first: a trainer's set-up imports torch's compiler, which makes its cache
     procs, env = cfg.dist.learner_procs, group.env_world_size()
     check_combination(cfg.dist, cfg.optim, cfg.model, default_device())
     if env > 1 or procs == 1:  # torchrun started this rank, or one process

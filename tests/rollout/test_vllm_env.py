@@ -79,19 +79,29 @@ VLLM_IMPORT = textwrap.dedent("""
 CONVERSION = "from upslope.models import resolve_model; resolve_model('smollm2-135m-instruct')"
 
 
+RUN = ["rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8", "log.progress=false",
+       "log.tensorboard=false", "log.plot=false", "data.options={count: 16}", "train.threads=1", "engine.name=hf"]
+
+
+@pytest.mark.slow  # four processes, one of them vLLM's import and one a conversion of the real GGUF: ~40 s
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tmp_path):
-    """The README's first command converts the embedded GGUF into a fresh cache and starts vLLM, from a clone whose
-    path may have spaces; the conversion, vLLM's import and the workaround for such a path each have torch's
-    compiler make its cache directory, by default torchinductor_<user> in the temporary directory, left behind
-    after the run."""
+def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tiny_model_path, tmp_path):
+    """The README's first command converts the embedded GGUF into a fresh cache, sets up a trainer and starts vLLM,
+    from a clone whose path may have spaces; the conversion, a trainer's set-up (deterministic algorithms import
+    torch's compiler settings), vLLM's import and the workaround for such a path each have torch's compiler make
+    its cache directory, by default torchinductor_<user> in the temporary directory, left behind after the run."""
     site = _spaced_site(tmp_path)
-    for name, args in (("vllm", ["-c", VLLM_IMPORT, site]), ("conversion", ["-c", CONVERSION])):
+    model = f"model.name={tiny_model_path}"
+    for name, args in (("vllm", ["-c", VLLM_IMPORT, site]), ("conversion", ["-c", CONVERSION]),
+                       ("train", ["-m", "upslope.cli", "train", model, "train.steps=1", "train.eval_before=false",
+                                  "train.eval_after=false", f"run_dir={tmp_path / 'run'}", *RUN]),
+                       ("eval", ["-m", "upslope.cli", "eval", model, f"run_dir={tmp_path / 'eval'}", *RUN])):
         tmp, cache = tmp_path / name / "tmp", tmp_path / name / "cache"
         tmp.mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-        env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache))
-        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
+        env.update(TMPDIR=str(tmp), UPSLOPE_CACHE=str(cache), HOME=str(tmp_path / name))
+        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600,
+                              cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert not [p.name for p in tmp.iterdir() if p.name.startswith("torchinductor")], name
         assert (cache / "torchinductor").is_dir(), name
