@@ -13,7 +13,7 @@ import pytest
 
 # seven parts, each its own Python process (the FSDP part spawns two): about 50 s on a 2-core CPU; run it
 # (`pytest -m slow tests/test_gpu_check_dry_run.py`) before spending a lent machine's minutes
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
 from agent_helpers import ECHO, echo_config
@@ -59,6 +60,8 @@ def test_unlocked_rows_are_multi_turn_rows(tokenizer, hf_engine):
     torch.testing.assert_close(lp[m], batch.sampler_logprobs[m], atol=2e-3, rtol=0)
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # waits on an environment that takes 3 s a turn: ~10 s
 def test_a_slow_environment_holds_back_only_its_own_trajectory(tokenizer, hf_engine):
     """One example's environment takes 3 s a turn: the other trajectories finish all their turns before its
     first answer comes (in lockstep they would wait for it at every turn)."""

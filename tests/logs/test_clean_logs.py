@@ -67,6 +67,8 @@ def reward(tmp_path) -> str:
     return f"reward=[{{name: '{path}:copies'}}]"
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # a training run that starts vLLM in its own process: ~50 s on 2 cores
 def test_a_vllm_training_log_has_no_third_party_noise(tiny_model_path, tmp_path, reward):
     pytest.importorskip("vllm")
     text = logged(tmp_path, "train", "train", f"model.name={tiny_model_path}", "engine.name=vllm", "train.steps=1",

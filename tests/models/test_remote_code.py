@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "fixtures" / "toy_rewards.py"
 
@@ -50,6 +52,8 @@ def train(model: Path, run: Path, home: Path, *extra: str) -> subprocess.Complet
                           capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # a training run in its own process: ~14 s
 def test_a_model_with_its_own_code_trains_with_trust_remote_code(tiny_model_path, tmp_path):
     model = own_code_model(tiny_model_path, tmp_path / "own")
     refused = train(model, tmp_path / "refused", tmp_path)

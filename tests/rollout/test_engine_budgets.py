@@ -116,6 +116,8 @@ def test_a_short_context_model_trains_on_vllm(short_model, tmp_path):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # a training run whose engine choice imports vLLM in its own process: ~11 s
 def test_olmo2_falls_back_to_hf_under_auto(olmo2_model, tmp_path):
     """Under auto the run says in one line why vLLM gave way, and trains on HF: every row has a
     nonzero advantage's forward (skip_zero_advantage off), where the patched class failed."""

@@ -42,6 +42,8 @@ def _run(site: str, mode: str, tmp_path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # imports vLLM in its own process: ~5 s
 def test_compiled_helpers_run_from_a_path_with_spaces(tmp_path):
     site = _spaced_site(tmp_path)
     fixed = _run(site, "workaround", tmp_path)
@@ -83,6 +85,7 @@ RUN = ["rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8", 
        "log.tensorboard=false", "log.plot=false", "data.options={count: 16}", "train.threads=1", "engine.name=hf"]
 
 
+@pytest.mark.ci
 @pytest.mark.slow  # four processes, one of them vLLM's import and one a conversion of the real GGUF: ~40 s
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_torchs_compiler_cache_lands_in_upslopes_cache_not_the_temporary_directory(tiny_model_path, tmp_path):

@@ -15,6 +15,8 @@ from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # runs programs to their time limits in the sandbox: ~10 s
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 def test_code_reward_statuses_reach_the_step_metrics():
     ex = load_humaneval(limit=1)[0]

@@ -140,7 +140,8 @@ def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     assert learning(metrics(tmp_path / "straight")) == learning(metrics(tmp_path / "split"))
 
 
-@pytest.mark.parametrize("recipe", ["dpo", "ipo", "simpo", "sro", "bro"])
+@pytest.mark.parametrize("recipe", ["dpo", *(pytest.param(r, marks=[pytest.mark.slow, pytest.mark.ci])  # ~3 s each
+                                             for r in ["ipo", "simpo", "sro", "bro"])])
 def test_recipes_run_two_steps(recipe, tiny_model_path, tmp_path):
     cfg = load_config(ROOT / "recipes" / f"{recipe}.yaml", tiny(tiny_model_path, tmp_path, *on_policy_args()))
     assert cfg.dpo.loss.name == {"dpo": "sigmoid"}.get(recipe, recipe) and cfg.dpo.source == "on_policy"

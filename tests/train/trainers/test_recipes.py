@@ -45,7 +45,11 @@ SEED_METHOD_RECIPES |= {"infuser", "infuser_difficulty"}  # self-evolution: draf
 SEED_METHOD_RECIPES |= {"sql", "progress_sql", "ctc_grpo", "3spo", "knapsack", "opt", "tool_choice", "translate_r1", "self_report", "self_ctrl"}  # Text-to-SQL: one-shot and Progress-SQL (multi-turn)
 SEED_METHOD_RECIPES |= {"confidence", "headroom_format", "headroom_gdpo"}  # baselines on the confidence and headroom tasks
 SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge grades every sample on the CPU
-RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else []) for r in RECIPES]
+# variants of a recipe the default run trains (another task, the SFT half of an agent recipe, a k=1 critic): in CI
+CI_RECIPES = {"reasoning_gym_basic_arithmetic", "reasoning_gym_chain_sum", "reasoning_gym_gcd", "agent_calculator_sft",
+              "agent_python_sft", "skyrl_gym_arith", "headroom", "sr_ppo_k1"}
+RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else
+                     [pytest.mark.slow, pytest.mark.ci] if r.stem in CI_RECIPES else []) for r in RECIPES]
 # advantages that read named reward components (a verifier, a self-reward) get them pointed at the signal reward
 # below, which the tiny model's samples differ in (its verifier and majority-vote rewards are all 0)
 READ_SIGNAL = ["algo.advantage.options.correct=long_text", "algo.advantage.options.self_reward=long_text"]
@@ -70,7 +74,7 @@ def test_recipe_config_is_valid(recipe, tmp_path):
 
 def test_seed_method_recipes_exist():
     """The slow set names real recipes (a renamed recipe would silently leave both sets)."""
-    assert SLOW_RECIPES <= {r.stem for r in RECIPES}
+    assert SLOW_RECIPES | CI_RECIPES <= {r.stem for r in RECIPES}
 
 
 @pytest.mark.parametrize("recipe", RUNS)

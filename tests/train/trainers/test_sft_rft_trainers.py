@@ -99,6 +99,8 @@ def test_sft_resume_is_exact(tiny_model_path, tmp_path):
     assert strip(metrics(straight)) == strip(metrics(split))
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # two sampling rounds: ~6 s
 def test_rft_command_runs_two_rounds_and_its_samples_are_an_sft_dataset(tiny_model_path, tmp_path):
     out = tmp_path / "rft"
     assert main(["rft", *rft_args(tiny_model_path, out, "train.steps=2", "rft.epochs=2")]) == 0
@@ -137,6 +139,8 @@ def test_rft_keeps_by_threshold_dedupes_and_caps(tiny_model_path, tmp_path):
     assert row["rft/kept"] == 0 and row["skipped"] == 1.0 and trainer.updater.scheduler.last_epoch == 0
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # two sampling rounds, twice: ~6 s
 def test_rft_resume_drops_samples_of_rounds_after_the_checkpoint(tiny_model_path, tmp_path):
     out = tmp_path / "resume"
     common = ["train.steps=2", "train.save_every=1"]
