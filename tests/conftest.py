@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 from hermetic import SessionDirs, enter_session
+from markers import VLLM_IN_PROCESS
 
 from upslope.models import load_tokenizer, make_tiny_model, resolve_model
 
@@ -33,6 +34,16 @@ _SESSION: SessionDirs | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _SESSION
     _SESSION = enter_session()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that take the session's vLLM engine as a fixture get VLLM_IN_PROCESS's markers (a test that asks
+    for it by name at run time marks its vLLM parameters itself)."""
+    for item in items:
+        if "vllm_engine" in getattr(item, "fixturenames", ()):
+            for mark in VLLM_IN_PROCESS:
+                item.add_marker(mark)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -295,6 +295,8 @@ def test_deterministic_runs_keep_one_thread_count():
 # ---------------------------------------------------------------- upslope doctor
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # measures this machine's matmul peaks: ~5 s
 def test_doctor_reports_this_machine(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("UPSLOPE_CACHE", str(tmp_path))  # doctor re-measures and rewrites the rates cache
     assert main(["doctor"]) == 0

@@ -119,6 +119,8 @@ def test_the_filter_drops_only_the_named_lines(tmp_path):
                                         "a last line without a newlineafter the block"], proc.stderr
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # a training run in its own process under a terminal: ~9 s
 def test_upslope_progress_still_shows_in_a_terminal(tiny_model_path, tmp_path):
     """In a terminal (a pseudo-terminal here) the evaluation's own progress bar is drawn."""
     leader, follower = pty.openpty()

@@ -24,6 +24,9 @@ TABLE_COLUMNS = ["step", "group", "prompt", "completion", "answer", "reward", "r
                  "reward/length_score"]
 
 
+pytestmark = [pytest.mark.slow, pytest.mark.ci]  # a training run in its own process with three trackers: ~15 s
+
+
 @pytest.fixture(scope="module")
 def tracked_run(tiny_model_path, tmp_path_factory):
     """The run (a subprocess: trackio reads TRACKIO_DIR when imported) and its environment."""

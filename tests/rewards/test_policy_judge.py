@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from markers import VLLM_IN_PROCESS
 from run_helpers import metrics
 
 from upslope.config import RewardSpec, load_config
@@ -20,7 +21,7 @@ PREFILL = "Score: 7\n"  # the tiny random model writes no grade of its own: the 
 METAS = [{"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?"}]
 
 
-@pytest.fixture(params=["hf_engine", "vllm_engine"])
+@pytest.fixture(params=["hf_engine", pytest.param("vllm_engine", marks=VLLM_IN_PROCESS)])
 def engine(request):
     return request.getfixturevalue(request.param)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from markers import VLLM_IN_PROCESS
 from run_helpers import metrics
 
 from engine_helpers import divergence_margin, teacher_forced_logprobs
@@ -271,7 +272,7 @@ def test_vllm_weight_push_streams_the_tensors(vllm_engine, tiny_state_dict, rest
     assert most <= len(given) // 2, f"{most} of {len(given)} pushed tensors held at once"
 
 
-@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", "vllm"])
+@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", pytest.param("vllm", marks=VLLM_IN_PROCESS)])
 def test_the_learner_scores_the_samplers_truncated_distribution(engine_name, request, prompts, tiny_model_path):
     """With top-p and top-k set, every engine reports log-probs of the truncated, renormalised distribution
     it drew from, and the learner scores the same distribution (Truncation): equal to rounding, where the
@@ -303,7 +304,7 @@ def test_the_learner_scores_the_samplers_truncated_distribution(engine_name, req
         assert float(truncated.max()) < 1e-4 and float(full.max()) > 1e-2, (float(truncated.max()), float(full.max()))
 
 
-@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", "vllm"])
+@pytest.mark.parametrize("engine_name", ["hf", "hf_paged", pytest.param("vllm", marks=VLLM_IN_PROCESS)])
 def test_ignore_eos_runs_every_reply_to_its_length(engine_name, request, prompts):
     """With ignore_eos (the throughput benchmarks) every reply has max_new_tokens tokens, stop tokens or not;
     without it a stop token can end a reply early."""

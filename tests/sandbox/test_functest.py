@@ -80,6 +80,8 @@ def test_printing_program_still_judged_on_its_answers(sandbox):
     assert not v.passed
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # waits out the time limit: ~5 s a sandbox
 def test_hung_test_code_or_program_ends_at_the_limit(sandbox):
     t = time.monotonic()
     res, v = verdict(sandbox, "def f(x):\n    while True:\n        pass\n", "def check(candidate):\n    candidate(1)\n", "f", timeout_s=1.5)

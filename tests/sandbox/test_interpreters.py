@@ -116,6 +116,8 @@ def test_a_missing_interpreter_is_one_line():
                                                       "exist (SandboxConfig.python)")
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # a training run in its own process: ~6 s
 def test_a_run_whose_code_reward_cannot_execute_stops_in_one_line(tiny_model_path, tmp_path):
     """`upslope eval` on HumanEval from an interpreter the sandbox cannot start (a virtualenv only
     its owner may read, as root): the first reward stops the run with the reason, in one line,

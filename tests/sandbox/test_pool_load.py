@@ -41,6 +41,8 @@ def test_500_programs_with_passes_failures_and_timeouts():
     print(f"500 programs in {elapsed:.1f} s ({500 / elapsed:.0f}/s) with {pool.workers} workers")
 
 
+@pytest.mark.ci
+@pytest.mark.slow  # waits out a 10 s limit
 def test_a_hung_program_does_not_stall_the_batch():
     """With one worker held by a hang, the other keeps serving: the short programs all
     finish before the hang reaches its limit (10 s, so that a loaded machine

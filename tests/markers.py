@@ -1,0 +1,8 @@
+"""Marker sets shared by test modules (imported by module name: tests/ is on sys.path)."""
+from __future__ import annotations
+
+import pytest
+
+# vLLM started in the test process takes 20-40 s on a CPU: its tests run in CI's slow set (-m "slow and ci"),
+# not in the default run (conftest.py gives these markers to every test that takes the `vllm_engine` fixture)
+VLLM_IN_PROCESS = [pytest.mark.slow, pytest.mark.ci]
