@@ -10,14 +10,12 @@ from upslope.config import Config
 from upslope.errors import UpslopeError
 from upslope.eval.runner import evaluate
 from upslope.logs.progress import Report, console, summary_table
-from upslope.models import keep_compiler_cache
 from upslope.runtime import Runtime
 
 
 def run_eval_command(cfg: Config) -> int:
     out_dir = Path(cfg.run_dir)
     check_outputs(out_dir, "eval")
-    keep_compiler_cache(cfg.model.cache_dir)  # before anything imports torch's compiler, which makes its cache
     runtime = Runtime.create(cfg, announce=Report().note)
     try:
         summary = evaluate(runtime, out_dir=out_dir, show_progress=cfg.log.progress)
