@@ -98,3 +98,20 @@ def test_make_tiny_model(tiny_model_path, smollm_path, tmp_path):
     a, b = load_model(other).state_dict(), model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
     shutil.rmtree(other)
+
+
+def test_a_tokenizer_loaded_again_is_a_fresh_copy_until_its_files_change(tiny_model_path, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model_dir)
+    first = load_tokenizer(str(model_dir))
+    first.chat_template = "changed by the caller"
+    first.add_tokens(["<caller-token>"])
+    second = load_tokenizer(str(model_dir))
+    assert second is not first and "<|im_start|>" in second.chat_template
+    assert len(second) == len(first) - 1 and second("What is 2 * 3?") == load_tokenizer(str(model_dir))("What is 2 * 3?")
+    templated = load_tokenizer(str(model_dir), chat_template="{{ messages[0]['content'] }}?")
+    assert templated.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi?"
+    assert "<|im_start|>" in load_tokenizer(str(model_dir)).chat_template  # the option is not kept
+    (model_dir / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
+    edited = load_tokenizer(str(model_dir))
+    assert edited.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi!"

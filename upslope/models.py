@@ -4,10 +4,12 @@
 to a cached safetensors directory)."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -263,19 +265,67 @@ def check_remote_code(path: str, trust_remote_code: bool) -> None:
                          f"set model.trust_remote_code=true if you trust it")
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+_TOKENIZERS: OrderedDict[tuple, Any] = OrderedDict()  # a few recently loaded tokenizers, by directory state
+_TOKENIZERS_KEPT = 4
+
+
+def _tokenizer_key(path: str) -> tuple | None:
+    """What a loaded tokenizer depends on: the directory and the name, size and modification time of
+    each of its files other than weights (a checkpoint rewritten in place gets new times); None when
+    `path` is not a directory."""
+    root = Path(path)
+    files = []
+    try:
+        for f in sorted(root.iterdir()):
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+                st = f.stat()
+                files.append((f.name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return None
+    return (str(root.resolve()), tuple(files))
+
+
 def load_tokenizer(path: str, chat_template: str | None = None, trust_remote_code: bool = False) -> Any:
     """Tokenizer with a pad token and (optionally) a replacement chat template; `trust_remote_code` lets a
-    model directory's own tokenizer code run (model.trust_remote_code)."""
+    model directory's own tokenizer code run (model.trust_remote_code). A process that loads the same
+    directory again (evaluation after training, a reference or teacher on the policy's tokenizer, a
+    sweep's trials) gets a copy of the one read before, unless a file of it changed; a tokenizer with
+    its own code is read afresh each time."""
+    check_remote_code(path, trust_remote_code)
+    key = None if trust_remote_code else _tokenizer_key(path)
+    if key is not None and key in _TOKENIZERS:
+        _TOKENIZERS.move_to_end(key)
+        tok = copy.deepcopy(_TOKENIZERS[key])
+    else:
+        tok = _read_tokenizer(path, trust_remote_code)
+        if key is not None:
+            _keep_tokenizer(key, tok)
+    if chat_template:
+        tok.chat_template = read_chat_template(chat_template)
+    return tok
+
+
+def _keep_tokenizer(key: tuple, tok: Any) -> None:
+    """Keep a copy of `tok` for the next load of the same directory (the oldest of more than
+    _TOKENIZERS_KEPT is dropped); a tokenizer that cannot be copied is not kept."""
+    try:
+        _TOKENIZERS[key] = copy.deepcopy(tok)
+    except Exception:  # a tokenizer class of a model's own may not copy: read it afresh next time
+        return
+    while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
+        _TOKENIZERS.popitem(last=False)
+
+
+def _read_tokenizer(path: str, trust_remote_code: bool) -> Any:
+    """The tokenizer files at `path`, read, with the model's context length and a pad token."""
     from transformers import AutoTokenizer
 
-    check_remote_code(path, trust_remote_code)
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # missing/corrupt tokenizer files raise many types
         _check_model_config(path)  # the tokenizer reads config.json first: name that file when it is the fault
         raise ModelError(f"{path}: no usable tokenizer in this model directory ({_first_line(exc)})") from None
-    if chat_template:
-        tok.chat_template = read_chat_template(chat_template)
     _set_context_length(tok, path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
