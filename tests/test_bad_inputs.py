@@ -20,6 +20,7 @@ from typing import Callable
 
 import pytest
 from bad_input_helpers import Case, World, catalog_tests, registrar, snapshot
+from markers import IN_CI_SLOW_SET
 
 from upslope.cli import main
 
@@ -438,9 +439,11 @@ def test_help_prints_usage(args, capsys):
 SUBPROCESS = ["recipe_is_directory", "template_file_missing", "data_fake_parquet", "model_only_config",
               "reward_syntax_error", "export_into_own_run_forced"]
 SLOW_SUBPROCESS = {"template_file_missing", "data_fake_parquet", "reward_syntax_error"}  # 9-11 s each
+DEFAULT_SUBPROCESS = {"recipe_is_directory"}  # the others run in CI's slow set
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SUBPROCESS else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SUBPROCESS else
+                                  n if n in DEFAULT_SUBPROCESS else pytest.param(n, marks=IN_CI_SLOW_SET)
                                   for n in SUBPROCESS])
 def test_real_cli_subprocess_same(name: str, world_base: World, tmp_path):
     """The installed command behaves as the in-process entry: exit 2, one line, no traceback."""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from family_checks import PAGED_REFUSED, families
+from family_checks import PAGED_REFUSED, families, run_marks
 
 from upslope import routing
 from upslope.batch import Batch
@@ -33,6 +33,14 @@ MOE = [name for name, family in FAMILIES.items() if family.moe]
 NOT_ROUTED = {"phimoe"}
 ROUTED = [name for name in MOE if name not in NOT_ROUTED]
 PAGED = [name for name in ROUTED if name not in PAGED_REFUSED]  # what continuous batching runs
+# the three router kinds (softmax top-k, sigmoid with group choice, softmax over the picked experts) run the
+# engine and gradient checks in the default run; the other families in CI's slow set
+ROUTING_DEFAULT = {"qwen3_moe", "deepseek_v3", "gpt_oss"}
+
+
+def by_router_kind(names: list[str]) -> list[Any]:
+    """`names` as pytest parameters, those outside ROUTING_DEFAULT marked for CI's slow set."""
+    return [pytest.param(n, marks=run_marks(n, ROUTING_DEFAULT)) for n in names]
 MODES = {"rows": {}, "shared prompt": {"shared": True}, "checkpointed layers": {"checkpoint_layers": True},
          "shared + checkpointed": {"shared": True, "checkpoint_layers": True}}
 
@@ -141,7 +149,7 @@ def routed_as_recorded(b: Batch, seen: ExpertsSeen, mode: str) -> tuple[int, int
     return compared, differ
 
 
-@pytest.mark.parametrize("family", families(ROUTED))
+@pytest.mark.parametrize("family", by_router_kind(ROUTED))
 def test_the_engine_records_every_token_but_the_last(family, sampled):
     b, model = sampled(family)
     layers, k = len(routing.routers(model)), model.config.num_experts_per_tok
@@ -272,7 +280,7 @@ def test_after_the_routers_move_replay_keeps_the_samplers_experts(family, sample
     assert gap(replayed.logprobs) < 0.6 * gap(own.logprobs), (gap(replayed.logprobs), gap(own.logprobs))
 
 
-@pytest.mark.parametrize("family", families(ROUTED))
+@pytest.mark.parametrize("family", by_router_kind(ROUTED))
 def test_the_routers_gradient_under_replay_is_that_of_the_forced_experts(family, sampled):
     b, sampler_model = sampled(family)
     model = moved_routers(sampler_model)
@@ -354,7 +362,7 @@ def test_routers_are_found_on_an_empty_model_and_a_dense_model_has_none(moe_path
     assert reason is not None and "no MoE routers" in reason and "\n" not in reason
 
 
-@pytest.mark.parametrize("family", PAGED)
+@pytest.mark.parametrize("family", by_router_kind(PAGED))
 def test_continuous_batching_records_the_experts_of_every_request(family, moe_path, monkeypatch):
     """The hf_paged engine packs several requests in a forward and shares a prompt's full pages between its
     requests: a 540-token prompt sampled 3 times runs its first 512 tokens for two requests only (the third

@@ -55,6 +55,8 @@ def test_hostile_program_is_contained(case, bait, spool):
     assert problems == [], (case.id, seen.statuses, seen.output[-500:])
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("case", NAIVE, ids=lambda c: c.id)
 def test_detector_fires_when_the_attack_runs_unsandboxed(case, bait):
     """The same program with no sandbox (forgeries: the in-process token harness upslope had
