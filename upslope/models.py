@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,7 @@ def check_remote_code(path: str, trust_remote_code: bool) -> None:
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
 _TOKENIZERS: OrderedDict[tuple, Any] = OrderedDict()  # a few recently loaded tokenizers, by directory state
 _TOKENIZERS_KEPT = 4
+_TOKENIZERS_LOCK = threading.Lock()  # a process may load tokenizers from more than one thread
 
 
 def _tokenizer_key(path: str) -> tuple | None:
@@ -294,10 +296,12 @@ def load_tokenizer(path: str, chat_template: str | None = None, trust_remote_cod
     its own code is read afresh each time."""
     check_remote_code(path, trust_remote_code)
     key = None if trust_remote_code else _tokenizer_key(path)
-    if key is not None and key in _TOKENIZERS:
-        _TOKENIZERS.move_to_end(key)
-        tok = copy.deepcopy(_TOKENIZERS[key])
-    else:
+    with _TOKENIZERS_LOCK:
+        kept = _TOKENIZERS.get(key)
+        if kept is not None:
+            _TOKENIZERS.move_to_end(key)
+            tok = copy.deepcopy(kept)
+    if kept is None:
         tok = _read_tokenizer(path, trust_remote_code)
         if key is not None:
             _keep_tokenizer(key, tok)
@@ -310,11 +314,13 @@ def _keep_tokenizer(key: tuple, tok: Any) -> None:
     """Keep a copy of `tok` for the next load of the same directory (the oldest of more than
     _TOKENIZERS_KEPT is dropped); a tokenizer that cannot be copied is not kept."""
     try:
-        _TOKENIZERS[key] = copy.deepcopy(tok)
+        kept = copy.deepcopy(tok)
     except Exception:  # a tokenizer class of a model's own may not copy: read it afresh next time
         return
-    while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
-        _TOKENIZERS.popitem(last=False)
+    with _TOKENIZERS_LOCK:
+        _TOKENIZERS[key] = kept
+        while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
+            _TOKENIZERS.popitem(last=False)
 
 
 def _read_tokenizer(path: str, trust_remote_code: bool) -> Any:
