@@ -46,7 +46,7 @@ def test_apply_moves_the_policy_to_the_moved_copy_and_reports_its_rms():
     deltas = []
     for name, p in model.named_parameters():
         assert torch.equal(p, moved[name])  # bitwise: the engine and the policy see the same weights
-        deltas.append((p - before[name]).flatten())
+        deltas.append((p.detach() - before[name]).flatten())
     assert rms == pytest.approx(float(torch.cat(deltas).pow(2).mean().sqrt()), rel=1e-6)
     assert noise.apply_(2, {0: 0.0}) == 0.0 and all(torch.equal(p, moved[n]) for n, p in model.named_parameters())
 
