@@ -41,6 +41,8 @@ ROUTING_DEFAULT = {"qwen3_moe", "deepseek_v3", "gpt_oss"}
 def by_router_kind(names: list[str]) -> list[Any]:
     """`names` as pytest parameters, those outside ROUTING_DEFAULT marked for CI's slow set."""
     return [pytest.param(n, marks=run_marks(n, ROUTING_DEFAULT)) for n in names]
+
+
 MODES = {"rows": {}, "shared prompt": {"shared": True}, "checkpointed layers": {"checkpoint_layers": True},
          "shared + checkpointed": {"shared": True, "checkpoint_layers": True}}
 
