@@ -315,7 +315,7 @@ def _keep_tokenizer(key: tuple, tok: Any) -> None:
     _TOKENIZERS_KEPT is dropped); a tokenizer that cannot be copied is not kept."""
     try:
         kept = copy.deepcopy(tok)
-    except Exception:  # a tokenizer class of a model's own may not copy: read it afresh next time
+    except Exception:  # a tokenizer class that cannot be deep-copied is read afresh each time
         return
     with _TOKENIZERS_LOCK:
         _TOKENIZERS[key] = kept
