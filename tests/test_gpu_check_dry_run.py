@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from markers import IN_CI_SLOW_SET
 
 # seven parts, each its own Python process (the FSDP part spawns two): about 50 s on a 2-core CPU; run it
 # (`pytest -m slow tests/test_gpu_check_dry_run.py`) before spending a lent machine's minutes
-pytestmark = [pytest.mark.slow, pytest.mark.ci]
+pytestmark = IN_CI_SLOW_SET
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from markers import IN_CI_SLOW_SET
 
 REPO = Path(__file__).resolve().parents[2]
 FORMATS = REPO / "tests" / "fixtures" / "formats"
@@ -24,7 +25,7 @@ TABLE_COLUMNS = ["step", "group", "prompt", "completion", "answer", "reward", "r
                  "reward/length_score"]
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci]  # a training run in its own process with three trackers: ~15 s
+pytestmark = IN_CI_SLOW_SET  # a training run in its own process with three trackers: ~15 s
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from markers import IN_CI_SLOW_SET
 import torch
 from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
@@ -128,8 +129,8 @@ def test_export_rejects_what_is_not_a_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("engine_name, targets", [
     ("hf_engine", "all"),
-    pytest.param("vllm_engine", "all", marks=[pytest.mark.slow, pytest.mark.ci]),  # vLLM with LoRA: ~25 s
-    pytest.param("vllm_engine", "q_proj", marks=[pytest.mark.slow, pytest.mark.ci])])
+    pytest.param("vllm_engine", "all", marks=IN_CI_SLOW_SET),  # vLLM with LoRA: ~25 s
+    pytest.param("vllm_engine", "q_proj", marks=IN_CI_SLOW_SET)])
 def test_engine_samples_from_the_learners_merged_weights_after_a_lora_step(
         engine_name, targets, request, tiny_model_path, tokenizer, encode_chat, restore_weights):
     """One LoRA GRPO step, then the partial merged push: the engine's log-probs of its own samples

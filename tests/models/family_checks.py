@@ -32,7 +32,9 @@ def run_marks(family: str, default: set[str]) -> list[Any]:
 
     if family in default:
         return []
-    return [pytest.mark.slow] if family in SLOW_CHECKS else [pytest.mark.slow, pytest.mark.ci]
+    from markers import IN_CI_SLOW_SET
+
+    return [pytest.mark.slow] if family in SLOW_CHECKS else IN_CI_SLOW_SET
 
 
 # families transformers' continuous batching cannot run, and what its model check names as the reason

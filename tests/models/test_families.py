@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from markers import IN_CI_SLOW_SET
 
 from family_checks import (MODES, PAGED_REFUSED, forward_difference, gradient_difference, run_marks, sampler_gaps)
 
@@ -128,7 +129,7 @@ VLLM_FP32_UNSUPPORTED = {"deepseek_v3", "qwen3_next"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
-@pytest.mark.parametrize("family", [pytest.param(f, marks=[pytest.mark.slow, pytest.mark.ci] if f in VLLM_CI
+@pytest.mark.parametrize("family", [pytest.param(f, marks=IN_CI_SLOW_SET if f in VLLM_CI
                                                   else [pytest.mark.slow]) for f in FAMILY_NAMES])
 def test_vllm_samples_what_the_learner_scores(family, family_path, family_results, tmp_path):
     """vLLM reproduces the learner's log-probs, or its model check refuses the model in one line (auto then

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from markers import IN_CI_SLOW_SET
 import torch
 from run_helpers import learning, metrics, trained
 from safetensors.torch import load_file
@@ -140,7 +141,7 @@ def test_file_pairs_resume_is_exact(tiny_model_path, tmp_path):
     assert learning(metrics(tmp_path / "straight")) == learning(metrics(tmp_path / "split"))
 
 
-@pytest.mark.parametrize("recipe", ["dpo", *(pytest.param(r, marks=[pytest.mark.slow, pytest.mark.ci])  # ~3 s each
+@pytest.mark.parametrize("recipe", ["dpo", *(pytest.param(r, marks=IN_CI_SLOW_SET)  # ~3 s each
                                              for r in ["ipo", "simpo", "sro", "bro"])])
 def test_recipes_run_two_steps(recipe, tiny_model_path, tmp_path):
     cfg = load_config(ROOT / "recipes" / f"{recipe}.yaml", tiny(tiny_model_path, tmp_path, *on_policy_args()))

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from markers import IN_CI_SLOW_SET
 import torch
 import yaml
 from run_helpers import metrics, trained
@@ -49,7 +50,7 @@ SLOW_RECIPES = SEED_METHOD_RECIPES | {"grpo_judge"}  # grpo_judge: a 135M judge 
 CI_RECIPES = {"reasoning_gym_basic_arithmetic", "reasoning_gym_chain_sum", "reasoning_gym_gcd", "agent_calculator_sft",
               "agent_python_sft", "skyrl_gym_arith", "headroom", "sr_ppo_k1"}
 RUNS = [pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem in SLOW_RECIPES else
-                     [pytest.mark.slow, pytest.mark.ci] if r.stem in CI_RECIPES else []) for r in RECIPES]
+                     IN_CI_SLOW_SET if r.stem in CI_RECIPES else []) for r in RECIPES]
 # advantages that read named reward components (a verifier, a self-reward) get them pointed at the signal reward
 # below, which the tiny model's samples differ in (its verifier and majority-vote rewards are all 0)
 READ_SIGNAL = ["algo.advantage.options.correct=long_text", "algo.advantage.options.self_reward=long_text"]
