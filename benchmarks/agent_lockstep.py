@@ -17,7 +17,7 @@ from pathlib import Path
 
 from upslope.config import load_config
 from upslope.data import load_examples
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.runtime import Runtime
 from upslope.rollout.plugin import make_rollout
 

@@ -140,8 +140,8 @@ def part_engine(p: Part) -> None:
     model rarely stops so nearly every reply is full length), after one warm-up call."""
     import torch
 
+    from upslope.engine import SamplingParams
     from upslope.models import load_tokenizer
-    from upslope.rollout.base import SamplingParams
     from upslope.rollout.hf import HFEngine
     from upslope.rollout.paged import PagedEngine
 

@@ -25,9 +25,9 @@ from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
 from upslope.data.reasoning_gym import STEP_BY_STEP
+from upslope.engine import SamplingParams
 from upslope.errors import ConfigError, DataError
 from upslope.rewards.reasoning_gym import extract_answer, reasoning_gym_reward
-from upslope.rollout.base import SamplingParams
 from upslope.runtime import Runtime
 
 DEFAULT = ["basic_arithmetic", "chain_sum", "products", "leg_counting", "letter_counting", "count_bits", "gcd", "lcm",

@@ -83,8 +83,8 @@ def worker_engine(a: argparse.Namespace) -> None:
     emit = benchlib.json_stdout()
     import torch
 
+    from upslope.engine import SamplingParams
     from upslope.models import load_tokenizer
-    from upslope.rollout.base import SamplingParams
 
     torch.set_num_threads(a.threads)
     tok = load_tokenizer(a.model)

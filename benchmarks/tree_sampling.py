@@ -17,9 +17,9 @@ from pathlib import Path
 from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.data.prompts import encode_prompts
+from upslope.engine import SamplingParams
 from upslope.models import load_tokenizer, resolve_model
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import SamplingParams
 from upslope.rollout.hf import HFEngine
 from upslope.rollout.vllm import VLLMEngine
 

@@ -186,7 +186,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "upslope.config_schema", "upslope.config_commands", "upslope.config_checks", "upslope.config_files",
               "upslope.registry", "upslope.plugins",
               "upslope.config", "upslope.batch", "upslope.seeding", "upslope.hardware", "upslope.models",
-              "upslope.scalar_head", "upslope.routing", "upslope.logs", "upslope.rollout.base")),
+              "upslope.scalar_head", "upslope.routing", "upslope.logs", "upslope.engine")),
     ("plugins", ("upslope.data", "upslope.algos", "upslope.sandbox")),
     ("rewards", ("upslope.rewards",)),
     ("agents", ("upslope.agents",)),

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from upslope.config import Config, eval_generation_length
+from upslope.engine import Engine
 from upslope.errors import ConfigError
 from upslope.models import load_tokenizer, resolve_model, stop_token_ids
 from upslope.rewards.context import RewardContext
-from upslope.rollout.base import Engine
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 from agent_helpers import ECHO, echo_config
 from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.data.tasks import arith
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 
 PARAMS = SamplingParams(n=3, temperature=1.0, max_new_tokens=96, seed=3, stop_token_ids=[2])
 

@@ -9,7 +9,7 @@ import pytest
 from upslope.rollout.multi_turn import AgentRun, multi_turn
 from upslope.config import load_config
 from upslope.data import load_examples
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("agent_*.yaml"))
 

@@ -10,7 +10,7 @@ import pytest
 
 from upslope.config import load_config
 from upslope.data import load_examples
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.plugin import make_rollout
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from upslope.config import AgentConfig, Plugin  # noqa: E402
 from upslope.data.tasks import arith  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402
 from upslope.registry import ENVIRONMENTS  # noqa: E402
-from upslope.rollout.base import SamplingParams  # noqa: E402
+from upslope.engine import SamplingParams  # noqa: E402
 
 GUESS_ENV = '''
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput

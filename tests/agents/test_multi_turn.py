@@ -13,7 +13,7 @@ from upslope.config import AgentConfig, Plugin, RewardSpec
 from upslope.data.tasks import arith
 from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train import stages
 from upslope.train.learner.logprobs import token_logprobs
 

@@ -20,7 +20,7 @@ from upslope.data.tasks import arith
 from upslope.errors import ConfigError, UpslopeError
 from upslope.rewards import build_reward_fns
 from upslope.registry import REWARD_COMBINERS
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train import stages
 from upslope.rollout.plugin import make_rollout
 

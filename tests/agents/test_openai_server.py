@@ -18,7 +18,7 @@ from upslope.agents.formats import Hermes
 from upslope.agents.recorder import Recorder
 from upslope.agents.server import PolicyServer
 from upslope.batch import build_batch
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train.learner.logprobs import token_logprobs
 
 PARAMS = SamplingParams(temperature=1.0, stop_token_ids=[2], seed=5)

@@ -17,9 +17,9 @@ pytest.importorskip("openenv.core")
 from upslope.agents.gym_envs import OpenEnv  # noqa: E402
 from upslope.config import AgentConfig, Plugin  # noqa: E402
 from upslope.data.tasks import arith  # noqa: E402
+from upslope.engine import SamplingParams  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402
 from upslope.registry import ENVIRONMENTS  # noqa: E402
-from upslope.rollout.base import SamplingParams  # noqa: E402
 from upslope.rollout.multi_turn import AgentRun, multi_turn  # noqa: E402
 
 # as OpenEnv's environment template writes one: models, then the environment

@@ -10,7 +10,7 @@ import pytest
 
 from upslope.agents.chat_render import ChatRenderer
 from upslope.agents.recorder import LimitReached, Recorder
-from upslope.rollout.base import Completion
+from upslope.engine import Completion
 
 EOS = 2
 # the SmolLM2 template, except that an assistant turn followed by other messages loses its <think> block,

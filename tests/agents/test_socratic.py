@@ -13,7 +13,7 @@ from upslope.config import load_config
 from upslope.data import load_examples
 from upslope.data.types import Example
 from upslope.models import load_tokenizer
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "socratic.yaml"
 

@@ -15,7 +15,7 @@ from upslope.rollout.multi_turn import AgentRun
 from upslope.config import AgentConfig, Plugin
 from upslope.data.tasks import arith
 from upslope.registry import ENVIRONMENTS
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.unlocked import run_unlocked, multi_turn_unlocked_batch
 from upslope.train.learner.logprobs import token_logprobs
 

@@ -13,8 +13,8 @@ pytest.importorskip("verifiers")
 
 from upslope.config import load_config  # noqa: E402
 from upslope.data import load_examples  # noqa: E402
+from upslope.engine import SamplingParams  # noqa: E402
 from upslope.errors import ConfigError  # noqa: E402
-from upslope.rollout.base import SamplingParams  # noqa: E402
 from upslope.rollout.plugin import make_rollout  # noqa: E402
 from upslope.train.learner.logprobs import token_logprobs  # noqa: E402
 

@@ -19,7 +19,7 @@ from upslope.config import load_config
 from upslope.data.types import Example
 from upslope.models import load_model
 from upslope.registry import ADVANTAGES
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train import stages
 from upslope.train.learner.objectives import RLObjective
 from upslope.train.learner.updater import Updater

@@ -128,7 +128,7 @@ def sampler_gaps(engine: Any, policy: Any, tokenizer: Any, close: bool = True) -
 def engine_difference(engine: Any, policy: Any, prompts: list[list[int]], seed: int = 0) -> float:
     """max |sampler log-prob - learner log-prob| over the tokens `engine` samples (n = 2, 12 tokens) from
     `prompts`, the learner scoring them with `policy` at the sampling temperature."""
-    from upslope.rollout.base import SamplingParams
+    from upslope.engine import SamplingParams
 
     groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=seed))
     worst = 0.0

@@ -61,7 +61,7 @@ def sampled(moe_path):
     """Per family: a batch sampled by the HF engine with its routed experts (3 prompts of 11-33 tokens,
     2 completions of up to 12 tokens each), and the engine's model (the sampler's weights)."""
     from upslope.data.types import Example
-    from upslope.rollout.base import SamplingParams
+    from upslope.engine import SamplingParams
     from upslope.rollout.hf import HFEngine
     from upslope.rollout.plugin import groups_to_batch
 
@@ -371,8 +371,8 @@ def test_continuous_batching_records_the_experts_of_every_request(family, moe_pa
     takes their pages); every sample still gets the experts of each of its tokens but the last, and replay
     runs exactly those with the sampler's log-probs."""
     from upslope.data.types import Example
+    from upslope.engine import SamplingParams
     from upslope.rollout import paged
-    from upslope.rollout.base import SamplingParams
     from upslope.rollout.plugin import groups_to_batch
 
     path = moe_path(family)

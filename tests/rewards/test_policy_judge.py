@@ -11,11 +11,11 @@ from markers import VLLM_IN_PROCESS
 from run_helpers import metrics
 
 from upslope.config import RewardSpec, load_config
+from upslope.engine import SamplingParams
 from upslope.errors import ConfigError
 from upslope.rewards import build_reward_fns, score
 from upslope.rewards.context import RewardContext
 from upslope.rewards.judge import judge_backend, render_query
-from upslope.rollout.base import SamplingParams
 
 PREFILL = "Score: 7\n"  # the tiny random model writes no grade of its own: the prefill holds one
 METAS = [{"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?"}]

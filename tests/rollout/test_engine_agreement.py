@@ -30,7 +30,7 @@ from engine_helpers import common_prefix, divergence_margin, teacher_forced_logp
 
 from upslope.data.prompts import encode_prompts
 from upslope.data.tasks import arith, gsm8k
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.vllm import vllm_available
 
 WORKER = Path(__file__).with_name("vllm_worker.py")

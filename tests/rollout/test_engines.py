@@ -16,8 +16,8 @@ from run_helpers import metrics
 
 from engine_helpers import divergence_margin, teacher_forced_logprobs
 
+from upslope.engine import Completion, SamplingParams
 from upslope.models import load_model
-from upslope.rollout.base import Completion, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

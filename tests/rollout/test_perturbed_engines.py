@@ -7,8 +7,8 @@ import torch
 
 from engine_helpers import teacher_forced_logprobs
 
+from upslope.engine import SamplingParams
 from upslope.models import load_model
-from upslope.rollout.base import SamplingParams
 from upslope.train.methods.perturb import WeightNoise
 
 

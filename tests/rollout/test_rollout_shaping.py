@@ -15,7 +15,7 @@ from upslope.rollout.plugin import single_turn
 from upslope.data.types import Example
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import RewardFn
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.shaping import espo_stop, noisy_prefix
 
 

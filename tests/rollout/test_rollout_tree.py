@@ -13,9 +13,9 @@ from upslope.algos.aggregate import aggregate, loss_normalizers
 from upslope.algos.tree import segments
 from upslope.batch import build_batch
 from upslope.data.types import Example
+from upslope.engine import SamplingParams
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES, POLICY_LOSSES, ROLLOUTS
-from upslope.rollout.base import SamplingParams
 from upslope.rollout.tree import Leaf, branch_point, once_masks
 from upslope.train.learner.logprobs import token_logprobs
 

@@ -16,8 +16,8 @@ import time
 
 
 def main(model_dir: str, request_path: str, result_path: str) -> None:
+    from upslope.engine import SamplingParams
     from upslope.models import load_tokenizer
-    from upslope.rollout.base import SamplingParams
     from upslope.rollout.vllm import VLLMEngine
 
     request = json.loads(open(request_path).read())

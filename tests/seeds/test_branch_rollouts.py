@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from upslope.data.types import Example
+from upslope.engine import Completion, SamplingParams
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES, ROLLOUTS
-from upslope.rollout.base import Completion, SamplingParams
 from upslope.rollout.branching import Branch, erase_points, segment_ce, summary_points
 
 

@@ -12,9 +12,9 @@ import torch
 from upslope.algos.infuser import dual_normalize, infuser, infuser_difficulty
 from upslope.batch import build_batch
 from upslope.data.types import Example
+from upslope.engine import SamplingParams
 from upslope.errors import ConfigError
 from upslope.registry import ADVANTAGES, ROLLOUTS
-from upslope.rollout.base import SamplingParams
 from upslope.rollout.infuser import build_infuser, parse_draft
 from upslope.train.learner.influence import adam_preconditioner, completion_mask, influence
 

@@ -17,7 +17,7 @@ from upslope.data.sql import database, sql
 from upslope.data.types import Example
 from upslope.rewards.sql import (QueryResult, ReadOnlyDatabase, alignment, clause_profile, differing_clauses,
                                  extract_sql, same_result, sql_execution)
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.multi_turn import AgentRun, multi_turn
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "progress_sql.yaml"

@@ -11,10 +11,10 @@ import torch
 
 from upslope.config import RewardSpec
 from upslope.data.types import Example
+from upslope.engine import SamplingParams
 from upslope.errors import UpslopeError
 from upslope.registry import REWARD_COMBINERS, ROLLOUTS
 from upslope.rewards import build_reward_fns
-from upslope.rollout.base import SamplingParams
 from upslope.rollout.plugin import rollout_fn, single_turn
 from upslope.train.collect import Collected, Rounds, Task, collect, on_engine
 from upslope.train.timing import StageClock, throughput

@@ -13,7 +13,7 @@ from upslope.algos.kl import kl_penalty_in_reward
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
 from upslope.registry import ADVANTAGES, FILTERS, KL_ESTIMATORS
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train import stages
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from upslope.rollout.base import Completion, Engine, SamplingParams
+from upslope.engine import Completion, Engine, SamplingParams
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from upslope.agents.chat_render import ChatRenderer, Message, TemplateAppendError
-from upslope.rollout.base import Completion
+from upslope.engine import Completion
 
 RewritePolicy = Literal["keep", "follow"]
 

@@ -19,7 +19,7 @@ from upslope.agents.engine_queue import GenerationQueue
 from upslope.agents.openai_api import (RequestError, completion_body, error_body, models_body, parse_request,
                                        reply_message, tool_calls)
 from upslope.agents.recorder import LimitReached, Recorder
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 
 
 class _HTTPServer(ThreadingHTTPServer):

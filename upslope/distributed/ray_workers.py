@@ -17,7 +17,7 @@ import torch
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.data.types import Example
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 
 
 @dataclass

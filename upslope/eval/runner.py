@@ -20,7 +20,7 @@ from upslope.logs.progress import progress_bar
 from upslope.registry import REWARD_COMBINERS
 from upslope.rewards import build_reward_fns, check_rewards, status_counts
 from upslope.rewards.extract import boxed, extract_integer
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.runtime import Runtime
 from upslope.rollout.plugin import make_rollout
 from upslope.train.collect import Rounds, Task, collect, on_engine

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from upslope.rollout.base import Engine
+    from upslope.engine import Engine
 
 
 @dataclass(eq=False)

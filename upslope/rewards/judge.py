@@ -167,7 +167,7 @@ class PolicyJudge(Judge):
         return id(engine), engine.version
 
     def answer(self, queries: Sequence[str], prefill: str, max_new_tokens: int | None = None) -> list[str | None]:
-        from upslope.rollout.base import SamplingParams
+        from upslope.engine import SamplingParams
 
         limit = max_new_tokens or self.max_new_tokens
         engine, tok = self.context.policy_engine(), self.context.policy_tokenizer  # type: ignore[misc]

@@ -14,9 +14,9 @@ from typing import Any, Callable, Sequence
 from upslope.batch import Batch
 from upslope.bounds import Count, NonNegative, PositiveCount
 from upslope.data.types import Example
+from upslope.engine import Completion, Engine, SamplingParams
 from upslope.errors import ConfigError
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import Completion, Engine, SamplingParams
 from upslope.rollout.plugin import groups_to_batch
 from upslope.rollout.tree import continue_from
 

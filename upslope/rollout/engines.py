@@ -15,9 +15,9 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from upslope.engine import Engine
 from upslope.errors import ConfigError, EngineUnavailable
 from upslope.registry import ENGINES, Entry
-from upslope.rollout.base import Engine
 
 if TYPE_CHECKING:
     from upslope.config import EngineConfig

@@ -13,7 +13,7 @@ from upslope.errors import UpslopeError
 from upslope.registry import ENGINES
 from upslope.hardware import fit_threads
 from upslope.models import attention_for
-from upslope.rollout.base import Completion, Engine, SamplingParams
+from upslope.engine import Completion, Engine, SamplingParams
 
 if TYPE_CHECKING:
     from upslope.config import EngineConfig

@@ -20,7 +20,7 @@ from upslope.data.types import Example
 from upslope.errors import UpslopeError
 from upslope.bounds import PositiveCount
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import Completion, Engine, SamplingParams
+from upslope.engine import Completion, Engine, SamplingParams
 from upslope.rollout.plugin import groups_to_batch
 
 GENERATOR_TEMPLATE = ("Read the passage, then write one new question about it whose answer is a number, and that "

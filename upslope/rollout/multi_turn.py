@@ -17,9 +17,9 @@ from upslope.agents.tools import ToolBox
 from upslope.batch import Batch, build_batch
 from upslope.data.prompts import encode_prompts
 from upslope.data.types import Example
+from upslope.engine import Engine, SamplingParams
 from upslope.errors import UpslopeError
 from upslope.registry import ENVIRONMENTS, ROLLOUTS, TOOL_FORMATS, TOOLS
-from upslope.rollout.base import Engine, SamplingParams
 
 if TYPE_CHECKING:
     from upslope.config import AgentConfig, Config

@@ -22,9 +22,9 @@ from upslope.agents.server import PolicyServer, Session
 from upslope.batch import Batch, build_batch
 from upslope.bounds import NonNegative, Positive, PositiveCount
 from upslope.data.types import Example
+from upslope.engine import Engine, SamplingParams
 from upslope.errors import ConfigError, UpslopeError
 from upslope.registry import ROLLOUTS, TOOL_FORMATS
-from upslope.rollout.base import Engine, SamplingParams
 
 if TYPE_CHECKING:
     from upslope.config import Config

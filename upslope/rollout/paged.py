@@ -27,10 +27,10 @@ import torch
 
 from upslope import routing
 from upslope.bounds import Count, PositiveFraction
+from upslope.engine import Completion, SamplingParams
 from upslope.errors import UpslopeError
 from upslope.hardware import fit_threads
 from upslope.registry import ENGINES
-from upslope.rollout.base import Completion, SamplingParams
 from upslope.rollout.hf import HFEngine
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from typing import Any, Callable, Sequence
 
 from upslope.batch import Batch, build_batch
 from upslope.data.types import Example
+from upslope.engine import Engine, SamplingParams
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import Engine, SamplingParams
 
 RolloutFn = Callable[..., Batch]  # (engine, prompt_ids, examples, params, pad_id, group_offset) -> Batch
 

@@ -12,8 +12,8 @@ import torch
 from upslope.batch import Batch
 from upslope.bounds import Count, Fraction
 from upslope.data.types import Example
+from upslope.engine import Completion, Engine, SamplingParams
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import Completion, Engine, SamplingParams
 from upslope.rollout.plugin import groups_to_batch
 
 

@@ -18,9 +18,9 @@ from upslope.agents.engine_queue import GenerationQueue
 from upslope.batch import Batch
 from upslope.bounds import NonNegative, PositiveCount
 from upslope.data.types import Example
+from upslope.engine import Engine, SamplingParams
 from upslope.errors import UpslopeError
 from upslope.registry import ROLLOUTS
-from upslope.rollout.base import Engine, SamplingParams
 from upslope.rollout.multi_turn import AgentRun, Trajectory, finish, take_turn, trajectories_batch
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import torch
 
 from upslope.registry import ENGINES
 from upslope.hardware import fit_threads
-from upslope.rollout.base import Completion, Engine, SamplingParams
+from upslope.engine import Completion, Engine, SamplingParams
 from upslope.rollout.vllm_streams import stream_for
 
 if TYPE_CHECKING:

@@ -6,19 +6,17 @@ import csv
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import yaml
 from rich.table import Table
 
 from upslope.config import apply_override
 from upslope.sweep.spec import SweepSpec, yaml_value
-
-if TYPE_CHECKING:
-    from upslope.sweep.runner import Trial
+from upslope.sweep.trial import Trial
 
 
-def status(trial: "Trial", rungs: Sequence[int], best: "Trial | None") -> str:
+def status(trial: Trial, rungs: Sequence[int], best: Trial | None) -> str:
     """best / finished / stopped after step S / failed at step S: error / pending."""
     if trial.error:
         failed = next((s for s, v in trial.scores.items() if v is None), "?")
@@ -37,7 +35,7 @@ def rung_line(spec: SweepSpec, step: int, scores: dict[str, float | None], promo
     return f"rung at step {step}: {spec.metric} {parts}{go}"
 
 
-def print_table(spec: SweepSpec, rungs: Sequence[int], trials: Sequence["Trial"], best: "Trial | None") -> None:
+def print_table(spec: SweepSpec, rungs: Sequence[int], trials: Sequence[Trial], best: Trial | None) -> None:
     """The results table on stdout: a row per trial, its values, its metric at each rung, its status."""
     from upslope.logs.progress import notes
 
@@ -56,7 +54,7 @@ def print_table(spec: SweepSpec, rungs: Sequence[int], trials: Sequence["Trial"]
     notes.print(table)
 
 
-def results(spec: SweepSpec, rungs: Sequence[int], trials: Sequence["Trial"], best: "Trial", trained: int,
+def results(spec: SweepSpec, rungs: Sequence[int], trials: Sequence[Trial], best: Trial, trained: int,
             ) -> dict[str, Any]:
     """The sweep's outcome as one mapping (results.json)."""
     return {"metric": spec.metric, "goal": spec.goal, "rungs": list(rungs), "eta": spec.eta,
@@ -83,7 +81,7 @@ def best_recipe(spec: SweepSpec, res: dict[str, Any], out: Path) -> str:
     return head + yaml.safe_dump(data, sort_keys=False)
 
 
-def write(out: Path, spec: SweepSpec, rungs: Sequence[int], trials: Sequence["Trial"], res: dict[str, Any]) -> None:
+def write(out: Path, spec: SweepSpec, rungs: Sequence[int], trials: Sequence[Trial], res: dict[str, Any]) -> None:
     """results.json, results.csv (a row per trial) and best.yaml in the sweep directory."""
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     with open(out / "results.csv", "w", newline="") as fh:

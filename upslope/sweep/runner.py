@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,27 +21,9 @@ from upslope.sweep import report
 from upslope.sweep.check import base_overrides, check_space, lookup, metric_missing, point_overrides, trial_config
 from upslope.sweep.halving import promoted, ranked, rung_sizes, sample_points, steps_trained, trend_verdict
 from upslope.sweep.spec import SweepSpec, yaml_value
+from upslope.sweep.trial import Trial
 
 STATE = "sweep.json"
-
-
-@dataclass
-class Trial:
-    """One configuration of the sweep and what it reached: scores by rung step (None: it failed there)."""
-
-    id: str
-    point: dict[str, Any]
-    scores: dict[str, float | None] = field(default_factory=dict)
-    error: str | None = None
-    stopped: int | None = None  # the rung step after which it was not promoted
-    trend: str | None = None  # why its training metric's trend stopped it (trend_metric), if it did
-    seconds: float = 0.0
-
-    @property
-    def reached(self) -> int:
-        """The largest rung step it has a score at (0: none)."""
-        done = [int(s) for s, v in self.scores.items() if v is not None]
-        return max(done, default=0)
 
 
 def read_metric(path: Path, key: str, step: int) -> tuple[float | None, list[str]]:

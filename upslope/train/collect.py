@@ -14,8 +14,8 @@ import torch
 
 from upslope.batch import Batch, concat, in_group_order
 from upslope.data.types import Example
+from upslope.engine import Engine, SamplingParams
 from upslope.rewards import RewardFn
-from upslope.rollout.base import Engine, SamplingParams
 from upslope.rollout.plugin import RolloutFn
 from upslope.seeding import seed_everything
 from upslope.train import stages

@@ -20,8 +20,8 @@ import torch
 from upslope.batch import Batch, concat
 from upslope.config import Config
 from upslope.distributed.ray_workers import Done, Job, put_weights, spawn_workers, start_ray
+from upslope.engine import SamplingParams
 from upslope.errors import ConfigError
-from upslope.rollout.base import SamplingParams
 from upslope.train.collect import Collected, Keep, Rounds, Task, collect
 from upslope.train.learner.memory import release_freed_memory
 from upslope.train.sources import Weights, step_rounds, step_sampling

@@ -15,7 +15,7 @@ import torch
 from upslope.batch import Batch
 from upslope.config import Config
 from upslope.distributed import group
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.rollout.plugin import RolloutFn
 from upslope.runtime import Runtime
 from upslope.seeding import step_seed

@@ -87,7 +87,7 @@ def test_micro_batches_cover_every_row_once_within_budget(spec, budget):
 def test_hf_engine_sampled_logprobs_match_the_learner(tiny_model_path, tokenizer):
     """At temperature 1 with no top-k/top-p the engine's sampler log-probs are the learner's
     (HF's default top-k of 50 must not truncate the distribution silently)."""
-    from upslope.rollout.base import SamplingParams
+    from upslope.engine import SamplingParams
     from upslope.rollout.hf import HFEngine
 
     engine = HFEngine(tiny_model_path, tokenizer, dtype="float32")

@@ -122,7 +122,7 @@ VLLM_SCRIPT = """
 import json, sys
 from upslope.batch import build_batch
 from upslope.config import load_config
-from upslope.rollout.base import SamplingParams
+from upslope.engine import SamplingParams
 from upslope.train.trainers.randopt import RandOptTrainer
 
 trainer = RandOptTrainer(load_config(None, json.loads(sys.argv[1])))

@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from upslope.config import load_config
-    from upslope.rollout.base import SamplingParams
+    from upslope.engine import SamplingParams
     from upslope.train.trainers.rl import Trainer
 
     cfg = load_config(None, [f"run_dir={sys.argv[1]}", "engine.name=vllm", "train.steps=2", "train.eval_before=false",
