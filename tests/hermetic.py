@@ -114,7 +114,7 @@ def enter_session() -> SessionDirs:
 
     The embedded model is converted once per session into the temporary cache (about 20 s); a
     developer who runs the suite often can keep one with UPSLOPE_TEST_CACHE=/some/dir."""
-    from upslope.models import cache_root
+    from upslope.cache import cache_root
 
     user_cache = cache_root()
     system_tmp_before = top_level_names(SYSTEM_TMP)

@@ -12,7 +12,7 @@ from pathlib import Path
 from hermetic import NOT_GUARDED, ROOT, SESSION_PREFIX, new_in_temp_dir, new_or_changed, snapshot, top_level_names
 
 from upslope.cli import main
-from upslope.models import cache_root
+from upslope.cache import cache_root
 
 
 def _inside(path: Path, root: Path) -> bool:

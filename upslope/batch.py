@@ -11,12 +11,9 @@ prompt tokens included), which the learner replays.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
-
-if TYPE_CHECKING:  # a type only: batch is below data in the layering
-    from upslope.data.sft import EncodedExample
 
 _TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages", "old_logprobs",
                  "ref_logprobs", "values", "returns", "token_rewards", "teacher_logprobs", "teacher_topk_ids",
@@ -278,18 +275,3 @@ def build_batch(
         policy_version=torch.full((n,), policy_version, dtype=torch.long),
         meta=list(meta) if meta is not None else [{} for _ in range(n)],
     )
-
-
-def sft_batch(examples: Sequence[EncodedExample], pad_id: int) -> Batch:
-    """A Batch of whole conversations: the 'prompt' is everything before the first trained
-    token, and loss_mask is the assistant mask; each row is its own group."""
-    prompts, rest, masks = [], [], []
-    for ex in examples:
-        first = max(1, ex.mask.index(1))  # token 0 has no context to be predicted from
-        prompts.append(ex.ids[:first])
-        rest.append(ex.ids[first:])
-        masks.append(ex.mask[first:])
-    return build_batch(prompts, rest, [[0.0] * len(r) for r in rest], list(range(len(examples))),
-                       [False] * len(examples), pad_id, meta=[{"source": ex.where} for ex in examples],
-                       completion_loss_masks=masks)
-

@@ -224,7 +224,7 @@ def cache_key(hw: Hardware) -> str:
 
 
 def cache_path() -> Path:
-    from upslope.models import cache_root
+    from upslope.cache import cache_root
 
     return cache_root() / "hardware.json"
 

@@ -64,7 +64,8 @@ def _rank(command: str, cfg: Config) -> None:
 def launch(command: str, cfg: Config) -> dict[str, Any]:
     """Run `command` on `cfg` with its learner across `dist.learner_procs` processes: the before/after
     evaluation when it ran in this process ({} from spawned ranks); RankFailed when a rank failed."""
-    from upslope.models import keep_compiler_cache, resolve_model
+    from upslope.cache import keep_compiler_cache
+    from upslope.models import resolve_model
     from upslope.train.learner.updater import default_device
 
     keep_compiler_cache(cfg.model.cache_dir)  # first: a trainer's set-up imports torch's compiler, which makes its cache

@@ -8,7 +8,6 @@ import copy
 import hashlib
 import importlib.util
 import json
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import torch
 
+from upslope.cache import cache_root, keep_compiler_cache
 from upslope.errors import ModelError, UpslopeError
 from upslope.fsutil import atomic_directory
 
@@ -25,18 +25,6 @@ EMBEDDED = {
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's files of a saved LoRA adapter
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_root(cache_dir: str | None = None) -> Path:
-    root = cache_dir or os.environ.get("UPSLOPE_CACHE") or Path.home() / ".cache" / "upslope"
-    return Path(root)
-
-
-def keep_compiler_cache(cache_dir: str | None = None) -> None:
-    """torch's compiler caches under the temporary directory by default (torchinductor_<user>, left behind after
-    the run), and both transformers' GGUF loading and vLLM reach it: keep it in upslope's cache instead, unless
-    TORCHINDUCTOR_CACHE_DIR is set (torch sets it too, on first use: call this before)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root(cache_dir) / "torchinductor"))
 
 
 def resolve_model(name: str, gguf_file: str | None = None, cache_dir: str | None = None, announce: Any = print,

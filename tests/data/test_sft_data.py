@@ -17,8 +17,7 @@ from upslope.algos.sft import sft_loss, sft_token_loss
 from upslope.config import DataConfig
 from upslope.data.chat import assistant_mask
 from upslope.data.prompts import encode_prompts
-from upslope.batch import sft_batch
-from upslope.data.sft import encode_conversations, load_conversations
+from upslope.data.sft import encode_conversations, load_conversations, sft_batch
 from upslope.data.types import Example
 from upslope.errors import DataError
 from upslope.models import load_tokenizer

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from upslope.batch import Batch, build_batch
 from upslope.data.chat import assistant_mask
 from upslope.data.formats import is_messages
 from upslope.data.sources import apply_template, read_records, require_messages, require_text
@@ -109,3 +110,17 @@ def encode_conversations(convs: Sequence[Conversation], tokenizer: Any, stop_ids
     if not out:
         raise DataError(f"sft: every conversation is over sft.max_tokens={max_tokens}")
     return out
+
+
+def sft_batch(examples: Sequence[EncodedExample], pad_id: int) -> Batch:
+    """A Batch of whole conversations: the 'prompt' is everything before the first trained
+    token, and loss_mask is the assistant mask; each row is its own group."""
+    prompts, rest, masks = [], [], []
+    for ex in examples:
+        first = max(1, ex.mask.index(1))  # token 0 has no context to be predicted from
+        prompts.append(ex.ids[:first])
+        rest.append(ex.ids[first:])
+        masks.append(ex.mask[first:])
+    return build_batch(prompts, rest, [[0.0] * len(r) for r in rest], list(range(len(examples))),
+                       [False] * len(examples), pad_id, meta=[{"source": ex.where} for ex in examples],
+                       completion_loss_masks=masks)

@@ -84,7 +84,7 @@ def rows(seed: int) -> dict[str, list[tuple[Any, ...]]]:
 def database(seed: int = 0, cache: str | None = None) -> Path:
     """The database file for `seed`, built once under the cache (UPSLOPE_CACHE, else ~/.cache/upslope) and
     reused; written to a temporary name and renamed, so a reader never sees half a file."""
-    from upslope.models import cache_root
+    from upslope.cache import cache_root
 
     key = hashlib.sha256(f"{_VERSION}:{seed}".encode()).hexdigest()[:12]
     path = cache_root(cache) / "sql" / f"sql-{key}.sqlite"

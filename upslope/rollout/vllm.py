@@ -78,7 +78,7 @@ def configure_vllm_env() -> None:
     the free cores before each generation. The binding variables matter only if a user turns
     multiprocessing back on: then bind to the cores this process may use and reserve none."""
     from upslope.logs import quiet
-    from upslope.models import keep_compiler_cache
+    from upslope.cache import keep_compiler_cache
 
     keep_compiler_cache()  # first: vLLM compiles small helpers, and reading torch's compiler settings makes its cache
     quiet.install()  # before vLLM's first import, which logs and warns the noise it filters

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from upslope.batch import sft_batch
 from upslope.config import Config, DataConfig
 from upslope.data.samplers import UniformSampler
-from upslope.data.sft import encode_conversations, load_conversations
+from upslope.data.sft import encode_conversations, load_conversations, sft_batch
 from upslope.errors import ConfigError
 from upslope.train.learner.objectives import SupervisedObjective
 from upslope.seeding import seed_step
