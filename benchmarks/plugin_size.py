@@ -59,7 +59,7 @@ HOOKS = {
     "prism": ["upslope.train.methods.pair_batch:lookahead_step_pairs"],
     "randopt": ["upslope.train.methods.perturb"],
     "corp": ["upslope.train.methods.perturb"],
-    "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "runner", "report", "cli")],
+    "jf_hpo": [f"upslope.sweep.{m}" for m in ("spec", "check", "halving", "trial", "runner", "report", "cli")],
     "csrm": ["upslope.algos.preference:score_calibration_loss", "upslope.train.learner.objectives:BradleyTerryObjective",
              "upslope.train.trainers.rm:score_calibration"],
     # the consistency reward is named by both arms (weight 0 in the baseline, which only measures it)
