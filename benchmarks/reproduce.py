@@ -378,7 +378,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     arms = {"method": claim.recipe, "baseline": claim.baseline}
     on_task: list[str] = []
     if task is not None:
-        check_portable(method, claim.recipe, claim.baseline, claim.command)
+        check_portable(method, claim.recipe, claim.baseline, task, claim.command)
         on_task, work = task_overrides(task), work / task
     user_extra, extra = list(extra), [*on_task, *extra]  # extra: what the teacher, the sweep and both arms run with
     overrides = [*claim.overrides, *extra]

@@ -41,11 +41,12 @@ def task_overrides(task: str) -> list[str]:
     return out
 
 
-def check_portable(method: str, recipe: str, baseline: str, command: str = "train") -> None:
-    """Refuse, in one line naming the method, a claim whose arms cannot move to another task: one not run by
-    `upslope train`, or whose recipes are not on the arith task scored by its own verifier (a reward section of
+def check_portable(method: str, recipe: str, baseline: str, task: str, command: str = "train") -> None:
+    """Refuse, in one line naming the method, a claim whose arms cannot move to `task`: one not run by
+    `upslope train`, whose recipes are not on the arith task scored by its own verifier (a reward section of
     several components, a shaped reward, an environment or another task is the mechanism or its setting, which
-    the external task's data and verifier would replace)."""
+    the external task's data and verifier would replace), or whose sampler refuses the task's data at set-up
+    (TD-Grokking decomposes the arith task's operands by rule)."""
     if command != "train":
         raise SystemExit(f"--task: {method} runs `upslope {command}`; only `upslope train` claims move to another task")
     for name in (recipe, baseline):
@@ -56,6 +57,21 @@ def check_portable(method: str, recipe: str, baseline: str, command: str = "trai
         for where, field in example_fields(raw):
             raise SystemExit(f"--task: {method}'s recipe {name} sets {where}={field}, a field of the {OWN_TASK} task's "
                              "examples that another task's lack; it runs on its own task only")
+        check_setup(method, name, task)
+
+
+def check_setup(method: str, name: str, task: str) -> None:
+    """Resolve recipe `name` on `task` and build the training prompts its sampler adds at set-up, as `upslope train`
+    does before any work; its refusal, in one line naming the method."""
+    from upslope.config import load_config
+    from upslope.data.samplers import sampler_examples
+    from upslope.errors import ConfigError
+
+    try:
+        sampler_examples(load_config(ROOT / "recipes" / f"{name}.yaml", task_overrides(task)).data, [])
+    except ConfigError as exc:
+        raise SystemExit(f"--task: {method}'s recipe {name} does not set up on {task} ({exc}); "
+                         "it runs on its own task only") from None
 
 
 def example_fields(raw: Any, where: str = "") -> list[tuple[str, str]]:

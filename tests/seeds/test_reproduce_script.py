@@ -546,10 +546,27 @@ def test_an_external_task_replaces_the_recipes_task_and_keeps_the_method(capsys,
     ("saw", "saw's recipe saw is not the arith task"),  # reweights reward components the task's verifier lacks
     ("progress_sql", "progress_sql's recipe progress_sql is not the arith task"),  # an environment and its task
     ("arkd", "arkd runs `upslope distill`"),
-    ("ads", "ads's recipe ads sets data.sampler.options.cluster_key=carries, a field of the arith task's examples")])
+    ("ads", "ads's recipe ads sets data.sampler.options.cluster_key=carries, a field of the arith task's examples"),
+    ("td_grokking", r"td_grokking's recipe td_grokking does not set up on chain_sum \(data.sampler td_grokking: "
+                    "no decomposition for task 'reasoning_gym'")])  # its sampler decomposes arith operands
 def test_a_claim_that_cannot_move_to_another_task_is_refused(method, why):
     with pytest.raises(SystemExit, match=why):
         rp.main([method, "--dry-run", "--task", "chain_sum"])
+
+
+def test_the_notes_count_the_claims_that_move_to_another_task():
+    """The notes' count of claims that can move to an external task is the one `--task` accepts."""
+    from reproduce_tasks import check_portable
+
+    movable = 0
+    for method, claim in rp.METHODS.items():
+        try:
+            check_portable(method, claim.recipe, claim.baseline, "chain_sum", claim.command)
+            movable += 1
+        except SystemExit:
+            pass
+    notes = " ".join((ROOT / "docs" / "results" / "reproductions_notes.md").read_text().split())
+    assert f"{movable} claims can move, {len(rp.METHODS) - movable} cannot" in notes
 
 
 def test_rows_of_several_tasks_render_per_task_and_side_by_side(tmp_path):
