@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import sys
 from pathlib import Path
 
+from benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("plugin_size", ROOT / "benchmarks" / "plugin_size.py")
-ps = importlib.util.module_from_spec(spec)
-sys.modules["plugin_size"] = ps
-spec.loader.exec_module(ps)
+ps = load("plugin_size")
 
 MODULE = '''"""A module."""
 
