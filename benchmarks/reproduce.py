@@ -253,18 +253,26 @@ def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool =
         return _run_arm_unlocked(cmd, run_dir, metrics, fresh, keep_checkpoints, ledger)
 
 
-def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool,
-                      keep_checkpoints: bool, ledger: Path | None) -> tuple[dict[str, float], bool]:
-    stamp_file, stamp = run_dir / "reproduce_stamp.json", {"args": cmd[1:], "commit": git_head()}
-    read = lambda: {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}  # noqa: E731
-    if not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+def finished_run(cmd: Sequence[str], run_dir: Path, metrics: Sequence[str], ledger: Path | None,
+                 keep_checkpoints: bool = False) -> dict[str, float] | None:
+    """The metrics of a finished identical run of `cmd` at this code: from `run_dir` when the run stamped it
+    (and, for a teacher, its checkpoint is still there), else from the `ledger`; None when neither has one."""
+    stamp_file = run_dir / "reproduce_stamp.json"
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == {"args": list(cmd[1:]), "commit": git_head()}:
         try:
             if not keep_checkpoints or (run_dir / "checkpoints").is_dir():
-                return read(), True
+                return {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}
         except (KeyError, OSError):
             pass
-    if ledger is not None and not fresh and not keep_checkpoints:
-        got = recorded(ledger, cmd, metrics)
+    if ledger is not None and not keep_checkpoints:
+        return recorded(ledger, cmd, metrics)
+    return None
+
+
+def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool,
+                      keep_checkpoints: bool, ledger: Path | None) -> tuple[dict[str, float], bool]:
+    if not fresh:
+        got = finished_run(cmd, run_dir, metrics, ledger, keep_checkpoints)
         if got is not None:
             return got, True
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -274,8 +282,8 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
         raise SystemExit(f"the run in {run_dir} failed: {tail}")
     if not keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    stamp_file.write_text(json.dumps(stamp))
-    got = read()
+    (run_dir / "reproduce_stamp.json").write_text(json.dumps({"args": cmd[1:], "commit": git_head()}))
+    got = {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}
     if ledger is not None:
         record(ledger, cmd, got, cpu_s)
     return got, False
@@ -331,13 +339,18 @@ def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], f
     flags = [f.format(steps=steps, first_rung=max(1, steps // 3)) for f in claim.sweep]
     cmd = [sys.executable, "-m", "upslope.cli", "sweep", recipe_path(claim.recipe), *flags, "--out", str(sweep_dir),
            "log.tensorboard=false", *extra]
-    if dry_run:
-        print(shlex.join(cmd))
-        return {"recipe": str(sweep_dir / "best.yaml")}, False
     stamp_file, stamp = sweep_dir.parent / f"{sweep_dir.name}.stamp.json", {"args": cmd[1:], "commit": git_head()}
-    with locked(sweep_dir.parent / f".{sweep_dir.name}.lock"):
-        again = not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp and \
+
+    def finished() -> bool:
+        return not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp and \
             (sweep_dir / "results.json").exists()
+
+    if dry_run:
+        again = finished()
+        show_planned(cmd, again)
+        return {"recipe": str(best_copy(sweep_dir) if again else sweep_dir / "best.yaml")}, again
+    with locked(sweep_dir.parent / f".{sweep_dir.name}.lock"):
+        again = finished()
         if not again:
             shutil.rmtree(sweep_dir, ignore_errors=True)
             stamp_file.unlink(missing_ok=True)
@@ -347,12 +360,22 @@ def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], f
                 raise SystemExit(f"the sweep in {sweep_dir} failed: {tail}")
             stamp_file.write_text(json.dumps(stamp))
     res = json.loads((sweep_dir / "results.json").read_text())
-    best = (sweep_dir / "best.yaml").read_text()
-    copy = sweep_dir / f"best-{hashlib.sha1(best.encode()).hexdigest()[:10]}.yaml"
-    copy.write_text(best)
+    copy = best_copy(sweep_dir)
+    copy.write_text((sweep_dir / "best.yaml").read_text())
     return {"recipe": str(copy), "point": res["best"]["point"], "value": res["best"]["value"],
             "steps_trained": res["steps_trained"], "steps_without_early_stopping": res["steps_without_early_stopping"],
             "trials": len(res["trials"])}, again
+
+
+def best_copy(sweep_dir: Path) -> Path:
+    """Where a finished sweep's best.yaml is copied, named by its content."""
+    return sweep_dir / f"best-{hashlib.sha1((sweep_dir / 'best.yaml').read_bytes()).hexdigest()[:10]}.yaml"
+
+
+def show_planned(cmd: Sequence[str], finished: bool) -> None:
+    """A dry run's line for one run: its command, commented out (`# taken: ...`) when a finished identical run
+    serves it, so the lines piped to a shell make only the runs still to make."""
+    print(("# taken: " if finished else "") + shlex.join(cmd))
 
 
 def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
@@ -372,8 +395,9 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
               ledger: Path | None = None, jobs: int = 1) -> dict[str, Any] | None:
     """Run both arms interleaved over `seeds`, `jobs` at a time (after the teacher, for a distillation claim), on
     `task` (an external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
-    code; the row (None with dry_run, which prints the commands, and for one seed: a part of a row split over
-    processes, whose arms the ledger and the run directories keep for the row's own run)."""
+    code; the row (None with dry_run, which prints the commands, the taken ones commented out, and says how many
+    runs are still to make; and for one seed: a part of a row split over processes, whose arms the ledger and the
+    run directories keep for the row's own run)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
     on_task: list[str] = []
@@ -384,14 +408,16 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     overrides = [*claim.overrides, *extra]
     keys = [m for m, _ in claim.metrics()]
     values: dict[str, dict[str, list[float]]] = {m: {arm: [] for arm in arms} for m in keys}
-    reused = 0
+    reused = planned_runs = taken_runs = 0  # the last two: what a dry run counts
     teacher: dict[str, Any] = {}
     cpu0 = children_cpu_s()
     if claim.teacher:  # trained once (seed 0) with the user's overrides; its run directory teaches both arms
         teacher_dir = work / "teachers" / f"{claim.teacher}-{stamp_key(steps, list(extra))}"
         cmd = arm_command(claim.teacher, 0, steps, teacher_dir, extra)
         if dry_run:
-            print(shlex.join(cmd))
+            again = not fresh and finished_run(cmd, teacher_dir, ["eval/accuracy"], None, True) is not None
+            show_planned(cmd, again)
+            planned_runs, taken_runs = planned_runs + 1, taken_runs + again
         else:
             got, again = run_arm(cmd, teacher_dir, ["eval/accuracy"], fresh, keep_checkpoints=True)
             teacher = {"recipe": claim.teacher, "run_dir": str(teacher_dir), **got}
@@ -402,6 +428,7 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
         search, again = run_sweep(claim, steps, work / "sweeps" / f"{method}-{stamp_key(steps, list(extra))}",
                                   extra, fresh, dry_run)
         reused += again
+        planned_runs, taken_runs = planned_runs + 1, taken_runs + again
         arms["method"] = search["recipe"]
     planned = []
     for seed in seeds:
@@ -411,8 +438,12 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
             planned.append((seed, arm, run_dir, arm_command(recipe, seed, steps, run_dir, [*overrides, *own],
                                                             claim.command_of(arm))))
     if dry_run:
-        for *_, cmd in planned:
-            print(shlex.join(cmd))
+        for _, _, run_dir, cmd in planned:
+            again = not fresh and finished_run(cmd, run_dir, keys, ledger) is not None
+            show_planned(cmd, again)
+            planned_runs, taken_runs = planned_runs + 1, taken_runs + again
+        print(f"{method}: {planned_runs - taken_runs} of {planned_runs} runs to make, {taken_runs} taken from "
+              "the ledger or their run directories", file=sys.stderr)
         return None
     taken_cpu_s = 0.0  # method arms run earlier (a `--seeds 1` part makes no row): the ledger's CPU for them
     for (_, arm, _, cmd), (got, again) in zip(planned, run_arms(planned, method, keys, fresh, ledger, jobs)):
@@ -463,7 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seeds of a row into the same --work lets the row's own run reuse them: a row split over cores)")
     ap.add_argument("--jobs", type=int, default=1, help="arms run at once, each a process of its own (with "
                     "--set=train.threads=1, one per core uses a machine's cores; the row is the same)")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing (those a finished "
+                    "identical run serves commented out as taken) and how many runs are still to make")
     ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
     ap.add_argument("--task", choices=sorted(TASKS), help="run both arms on this external task (default: the "

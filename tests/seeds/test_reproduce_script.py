@@ -167,6 +167,30 @@ def test_the_arm_ledger_serves_the_same_command_at_the_same_code_from_another_di
     assert launches.read_text() == "xxxx" and len(json.loads(ledger.read_text())) == 4
 
 
+def test_the_dry_run_comments_out_the_runs_a_finished_identical_run_serves(tmp_path, capsys):
+    """A dry run counts what is still to make: an arm the ledger records at this code, and one whose run
+    directory holds a finished stamped run, are printed as `# taken: ...`; the rest as commands."""
+    ledger, work = tmp_path / "arms.json", tmp_path / "work"
+    args = ["cero", "--dry-run", "--seeds", "2", "--steps", "5", "--work", str(work), "--arms", str(ledger)]
+    assert rp.main(args) == 0
+    out, err = capsys.readouterr()
+    cmds = [shlex.split(c) for c in out.strip().splitlines()]
+    assert len(cmds) == 4
+    assert err.strip() == "cero: 4 of 4 runs to make, 0 taken from the ledger or their run directories"
+    rp.record(ledger, cmds[1], {"eval/accuracy": 0.5}, 1.0)  # seed 0's baseline, recorded from another directory
+    method_dir = Path(next(a for a in cmds[2] if a.startswith("run_dir=")).split("=", 1)[1])  # seed 1's method arm
+    method_dir.mkdir(parents=True)
+    (method_dir / "metrics.jsonl").write_text(json.dumps({"step": 5, "eval/accuracy": 0.25}) + "\n")
+    (method_dir / "reproduce_stamp.json").write_text(json.dumps({"args": cmds[2][1:], "commit": rp.git_head()}))
+    assert rp.main(args) == 0
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert [line.startswith("# taken: ") for line in lines] == [False, True, True, False]
+    assert [shlex.split(line.removeprefix("# taken: ")) for line in lines] == cmds
+    assert err.strip() == "cero: 2 of 4 runs to make, 2 taken from the ledger or their run directories"
+    assert rp.main([*args, "--fresh"]) == 0 and "# taken" not in capsys.readouterr().out  # --fresh reruns all
+
+
 def test_the_cpu_name_is_the_processors_model_name():
     """The ledger's `cpu` is the model name Linux reports for the processor (lscpu's 'Model name')."""
     info = Path("/proc/cpuinfo")
