@@ -253,12 +253,17 @@ def run_arm(cmd: list[str], run_dir: Path, metrics: Sequence[str], fresh: bool =
         return _run_arm_unlocked(cmd, run_dir, metrics, fresh, keep_checkpoints, ledger)
 
 
+def run_stamp(cmd: Sequence[str]) -> dict[str, Any]:
+    """What a finished run's directory is stamped with: its command without the interpreter, and the code."""
+    return {"args": list(cmd[1:]), "commit": git_head()}
+
+
 def finished_run(cmd: Sequence[str], run_dir: Path, metrics: Sequence[str], ledger: Path | None,
                  keep_checkpoints: bool = False) -> dict[str, float] | None:
     """The metrics of a finished identical run of `cmd` at this code: from `run_dir` when the run stamped it
     (and, for a teacher, its checkpoint is still there), else from the `ledger`; None when neither has one."""
     stamp_file = run_dir / "reproduce_stamp.json"
-    if stamp_file.exists() and json.loads(stamp_file.read_text()) == {"args": list(cmd[1:]), "commit": git_head()}:
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == run_stamp(cmd):
         try:
             if not keep_checkpoints or (run_dir / "checkpoints").is_dir():
                 return {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}
@@ -282,7 +287,7 @@ def _run_arm_unlocked(cmd: list[str], run_dir: Path, metrics: Sequence[str], fre
         raise SystemExit(f"the run in {run_dir} failed: {tail}")
     if not keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    (run_dir / "reproduce_stamp.json").write_text(json.dumps({"args": cmd[1:], "commit": git_head()}))
+    (run_dir / "reproduce_stamp.json").write_text(json.dumps(run_stamp(cmd)))
     got = {m: final_metric(run_dir / "metrics.jsonl", m) for m in metrics}
     if ledger is not None:
         record(ledger, cmd, got, cpu_s)
