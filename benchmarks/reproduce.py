@@ -2,6 +2,7 @@
 baseline on the same task, several seeds each, with a 95% interval on the difference.
 
     python benchmarks/reproduce.py METHOD [--steps 60] [--seeds 3] [--jobs 1] [--dry-run] [--set key=value ...]
+    python benchmarks/reproduce.py METHOD ... --task T1 --task T2 --dry-run   # the distinct runs several rows need
     python benchmarks/reproduce.py --render          # regenerate docs/reproductions.md from the JSON rows
 
 Arms are interleaved (seed 0: method, baseline; seed 1: ...), `--jobs N` of them at a time (each a process
@@ -338,9 +339,10 @@ def run_arms(planned: Sequence[tuple[int, str, Path, list[str]]], label: str, ke
 
 
 def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], fresh: bool = False,
-              dry_run: bool = False) -> tuple[dict[str, Any], bool]:
+              plan: Plan | None = None) -> tuple[dict[str, Any], bool]:
     """Run (or reuse, like an arm) a search claim's `upslope sweep` over its recipe; (its summary, reused). The
-    summary's `recipe` is a copy of best.yaml named by its content, so a changed best point is a new arm."""
+    summary's `recipe` is a copy of best.yaml named by its content, so a changed best point is a new arm. With
+    a dry run's `plan`, only list the sweep there."""
     flags = [f.format(steps=steps, first_rung=max(1, steps // 3)) for f in claim.sweep]
     cmd = [sys.executable, "-m", "upslope.cli", "sweep", recipe_path(claim.recipe), *flags, "--out", str(sweep_dir),
            "log.tensorboard=false", *extra]
@@ -350,9 +352,9 @@ def run_sweep(claim: Claim, steps: int, sweep_dir: Path, extra: Sequence[str], f
         return not fresh and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp and \
             (sweep_dir / "results.json").exists()
 
-    if dry_run:
+    if plan is not None:
         again = finished()
-        show_planned(cmd, again)
+        plan.add(cmd, again)
         return {"recipe": str(best_copy(sweep_dir) if again else sweep_dir / "best.yaml")}, again
     with locked(sweep_dir.parent / f".{sweep_dir.name}.lock"):
         again = finished()
@@ -377,10 +379,33 @@ def best_copy(sweep_dir: Path) -> Path:
     return sweep_dir / f"best-{hashlib.sha1((sweep_dir / 'best.yaml').read_bytes()).hexdigest()[:10]}.yaml"
 
 
-def show_planned(cmd: Sequence[str], finished: bool) -> None:
-    """A dry run's line for one run: its command, commented out (`# taken: ...`) when a finished identical run
-    serves it, so the lines piped to a shell make only the runs still to make."""
-    print(("# taken: " if finished else "") + shlex.join(cmd))
+class Plan:
+    """What a dry run lists, over one or more rows: each run's command, commented out when a finished identical
+    run serves it (`# taken: ...`) or a row listed earlier already makes it (`# planned above: ...`, e.g. a
+    baseline two rows share), so the lines piped to a shell make each run still to make once."""
+
+    def __init__(self) -> None:
+        self.to_make: set[tuple[str, ...]] = set()  # the runs to make, as the ledger keys them
+        self.counts = {"planned": 0, "taken": 0, "shared": 0}
+
+    def add(self, cmd: Sequence[str], finished: bool) -> None:
+        """List one run of the current row."""
+        key = tuple(ledger_args(cmd))
+        shared = not finished and key in self.to_make
+        if not finished:
+            self.to_make.add(key)
+        print(("# taken: " if finished else "# planned above: " if shared else "") + shlex.join(cmd))
+        self.counts["planned"] += 1
+        self.counts["taken"] += finished
+        self.counts["shared"] += shared
+
+    def close_row(self, label: str) -> None:
+        """Say how many of the row's runs are still to make, and start counting the next row."""
+        c = self.counts
+        print(f"{label}: {c['planned'] - c['taken'] - c['shared']} of {c['planned']} runs to make, {c['taken']} "
+              "taken from the ledger or their run directories"
+              + (f", {c['shared']} planned by a row above" if c["shared"] else ""), file=sys.stderr)
+        self.counts = dict.fromkeys(c, 0)
 
 
 def arm_dir(work: Path, method: str, arm: str, recipe: str, steps: int, overrides: Sequence[str], seed: int) -> Path:
@@ -396,12 +421,12 @@ def stamp_key(*parts: Any) -> str:
 
 
 def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequence[str],
-              dry_run: bool = False, fresh: bool = False, task: str | None = None,
+              plan: Plan | None = None, fresh: bool = False, task: str | None = None,
               ledger: Path | None = None, jobs: int = 1) -> dict[str, Any] | None:
     """Run both arms interleaved over `seeds`, `jobs` at a time (after the teacher, for a distillation claim), on
     `task` (an external task of reproduce_tasks.TASKS; None: the recipes' own), taking arms the `ledger` records at this
-    code; the row (None with dry_run, which prints the commands, the taken ones commented out, and says how many
-    runs are still to make; and for one seed: a part of a row split over processes, whose arms the ledger and the
+    code; the row (None for a dry run, which lists the runs in `plan` instead, and says how many are still to
+    make; and for one seed: a part of a row split over processes, whose arms the ledger and the
     run directories keep for the row's own run)."""
     claim = METHODS[method]
     arms = {"method": claim.recipe, "baseline": claim.baseline}
@@ -413,16 +438,14 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     overrides = [*claim.overrides, *extra]
     keys = [m for m, _ in claim.metrics()]
     values: dict[str, dict[str, list[float]]] = {m: {arm: [] for arm in arms} for m in keys}
-    reused = planned_runs = taken_runs = 0  # the last two: what a dry run counts
+    reused = 0
     teacher: dict[str, Any] = {}
     cpu0 = children_cpu_s()
     if claim.teacher:  # trained once (seed 0) with the user's overrides; its run directory teaches both arms
         teacher_dir = work / "teachers" / f"{claim.teacher}-{stamp_key(steps, list(extra))}"
         cmd = arm_command(claim.teacher, 0, steps, teacher_dir, extra)
-        if dry_run:
-            again = not fresh and finished_run(cmd, teacher_dir, ["eval/accuracy"], None, True) is not None
-            show_planned(cmd, again)
-            planned_runs, taken_runs = planned_runs + 1, taken_runs + again
+        if plan is not None:
+            plan.add(cmd, not fresh and finished_run(cmd, teacher_dir, ["eval/accuracy"], None, True) is not None)
         else:
             got, again = run_arm(cmd, teacher_dir, ["eval/accuracy"], fresh, keep_checkpoints=True)
             teacher = {"recipe": claim.teacher, "run_dir": str(teacher_dir), **got}
@@ -431,9 +454,8 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
     search: dict[str, Any] = {}
     if claim.sweep:  # searched once (seed 0) with the user's overrides; the method arm trains its best point
         search, again = run_sweep(claim, steps, work / "sweeps" / f"{method}-{stamp_key(steps, list(extra))}",
-                                  extra, fresh, dry_run)
+                                  extra, fresh, plan)
         reused += again
-        planned_runs, taken_runs = planned_runs + 1, taken_runs + again
         arms["method"] = search["recipe"]
     planned = []
     for seed in seeds:
@@ -442,13 +464,10 @@ def reproduce(method: str, steps: int, seeds: list[int], work: Path, extra: Sequ
             own = [o.format(steps=steps, half=max(1, steps // 2)) for o in claim.scaled] if arm == "method" else []
             planned.append((seed, arm, run_dir, arm_command(recipe, seed, steps, run_dir, [*overrides, *own],
                                                             claim.command_of(arm))))
-    if dry_run:
+    if plan is not None:
         for _, _, run_dir, cmd in planned:
-            again = not fresh and finished_run(cmd, run_dir, keys, ledger) is not None
-            show_planned(cmd, again)
-            planned_runs, taken_runs = planned_runs + 1, taken_runs + again
-        print(f"{method}: {planned_runs - taken_runs} of {planned_runs} runs to make, {taken_runs} taken from "
-              "the ledger or their run directories", file=sys.stderr)
+            plan.add(cmd, not fresh and finished_run(cmd, run_dir, keys, ledger) is not None)
+        plan.close_row(method + (f" on {task}" if task else ""))
         return None
     taken_cpu_s = 0.0  # method arms run earlier (a `--seeds 1` part makes no row): the ledger's CPU for them
     for (_, arm, _, cmd), (got, again) in zip(planned, run_arms(planned, method, keys, fresh, ledger, jobs)):
@@ -491,7 +510,8 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("method", nargs="?", choices=sorted(METHODS), help="the method to reproduce")
+    ap.add_argument("methods", nargs="*", metavar="METHOD", help="the methods to reproduce, a row each (one of: "
+                    + ", ".join(sorted(METHODS)) + ")")
     ap.add_argument("--steps", type=int, default=60, help="training steps per run")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (FIRST..FIRST+N-1); 1: a part of a row, "
                     "its arms run and recorded, no row")
@@ -500,11 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="arms run at once, each a process of its own (with "
                     "--set=train.threads=1, one per core uses a machine's cores; the row is the same)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing (those a finished "
-                    "identical run serves commented out as taken) and how many runs are still to make")
+                    "identical run serves or a row above makes commented out) and how many runs are still to make")
     ap.add_argument("--fresh", action="store_true", help="rerun every arm (default: reuse a finished identical run)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override passed to both arms")
-    ap.add_argument("--task", choices=sorted(TASKS), help="run both arms on this external task (default: the "
-                    "recipes' own); its task, reward, reply length and evaluation replace the recipes'")
+    ap.add_argument("--task", action="append", choices=sorted(TASKS), help="run both arms on this external task "
+                    "(default: the recipes' own); its task, reward, reply length and evaluation replace the "
+                    "recipes'; given more than once, a row for each")
     ap.add_argument("--work", default="/tmp/upslope-reproduce", help="run directories go here")
     ap.add_argument("--rows", default=str(ROWS), help="JSON file the row is appended to")
     ap.add_argument("--arms", help="the arm ledger: finished arms are recorded here and taken from it at the same "
@@ -519,19 +540,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc.write_text(render(rows, NOTES.read_text() if NOTES.exists() else "", plot=bool(drawn)))
         print(f"wrote {a.doc}" + (f" and {doc.parent / PLOT}" if drawn else ""))
         return 0
-    if a.method is None:
+    if not a.methods:
         ap.error("name a METHOD (or --render)")
+    unknown = [m for m in a.methods if m not in METHODS]
+    if unknown:
+        ap.error(f"METHOD: no such method {unknown[0]!r}; expected one of: {', '.join(sorted(METHODS))}")
     if a.seeds < 1:
         ap.error(f"--seeds: expected 1 or more (2 or more for a row with an interval), got {a.seeds}")
     if a.jobs < 1:
         ap.error(f"--jobs: expected 1 or more, got {a.jobs}")
     seeds = list(range(a.first_seed, a.first_seed + a.seeds))
     ledger = Path(a.arms) if a.arms else rows_path.with_name(f"{rows_path.stem}_arms.json")
-    row = reproduce(a.method, a.steps, seeds, Path(a.work), a.set, dry_run=a.dry_run, fresh=a.fresh, task=a.task,
-                    ledger=ledger, jobs=a.jobs)
-    if row is not None:
-        append_row(rows_path, row)
-        print(json.dumps(row))
+    plan = Plan() if a.dry_run else None
+    for method in a.methods:
+        for task in a.task or [None]:
+            row = reproduce(method, a.steps, seeds, Path(a.work), a.set, plan=plan, fresh=a.fresh, task=task,
+                            ledger=ledger, jobs=a.jobs)
+            if row is not None:
+                append_row(rows_path, row)
+                print(json.dumps(row))
+    if plan is not None and len(a.methods) * len(a.task or [None]) > 1:
+        print(f"in all: {len(plan.to_make)} distinct runs to make", file=sys.stderr)
     return 0
 
 

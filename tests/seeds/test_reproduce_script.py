@@ -191,6 +191,46 @@ def test_the_dry_run_comments_out_the_runs_a_finished_identical_run_serves(tmp_p
     assert rp.main([*args, "--fresh"]) == 0 and "# taken" not in capsys.readouterr().out  # --fresh reruns all
 
 
+def test_a_dry_run_over_several_rows_lists_each_shared_run_once(tmp_path, capsys):
+    """Rows that share runs: SR-PPO and the boundary curriculum share the pass@8 baseline, SR-PPO's critic
+    ablation runs SR-PPO's own method arm. A later row's run that an earlier row already makes is printed as
+    `# planned above: ...` (the same command in another run directory), and the distinct count is given."""
+    args = ["sr_ppo", "sr_ppo_critic", "boundary_curriculum", "--dry-run", "--seeds", "2", "--steps", "5",
+            "--work", str(tmp_path / "work"), "--arms", str(tmp_path / "arms.json")]
+    assert rp.main(args) == 0
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    shared = [line.startswith("# planned above: ") for line in lines]
+    assert shared == [False] * 4 + [True, False, True, False] + [False, True, False, True]
+    keys = [rp.ledger_args(shlex.split(line.removeprefix("# planned above: "))) for line in lines]
+    assert keys[4] == keys[0] and keys[6] == keys[2] and keys[9] == keys[1] and keys[11] == keys[3]
+    assert len({tuple(k) for k in keys}) == 8
+    assert err.strip().splitlines() == [
+        "sr_ppo: 4 of 4 runs to make, 0 taken from the ledger or their run directories",
+        "sr_ppo_critic: 2 of 4 runs to make, 0 taken from the ledger or their run directories, 2 planned by a "
+        "row above",
+        "boundary_curriculum: 2 of 4 runs to make, 0 taken from the ledger or their run directories, 2 planned "
+        "by a row above",
+        "in all: 8 distinct runs to make"]
+
+
+def test_drpos_baseline_is_the_command_of_dppos_method_arm(tmp_path, capsys):
+    """DRPO's claimed baseline is DPPO at the same two optimiser steps a batch: the very runs DPPO's row makes."""
+    assert rp.main(["dppo", "drpo", "--dry-run", "--seeds", "1", "--steps", "5", "--work", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.startswith("# planned above: ") for line in lines] == [False, False, False, True]
+    assert rp.ledger_args(shlex.split(lines[3].removeprefix("# planned above: "))) == rp.ledger_args(
+        shlex.split(lines[0]))
+    assert "dppo.yaml" in lines[0] and "drpo.yaml" in lines[2]
+
+
+def test_an_unknown_method_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        rp.main(["cero", "nosuch", "--dry-run"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "METHOD: no such method 'nosuch'; expected one of: " in err and "cero" in err
+
+
 def test_the_cpu_name_is_the_processors_model_name():
     """The ledger's `cpu` is the model name Linux reports for the processor (lscpu's 'Model name')."""
     info = Path("/proc/cpuinfo")

@@ -32,6 +32,18 @@ def test_an_external_task_replaces_the_recipes_task_and_keeps_the_method(capsys,
     assert method.algo.advantage.name == "codapo" and method.data.task == "reasoning_gym"
 
 
+def test_each_task_given_is_a_row_of_its_own(capsys, tmp_path):
+    """--task twice: a row for each task, its runs under that task's directory and labelled with it."""
+    assert rp.main(["cero", "--dry-run", "--seeds", "1", "--steps", "5", "--task", "chain_sum",
+                    "--task", "basic_arithmetic", "--work", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    dirs = [next(a for a in shlex.split(c) if a.startswith("run_dir=")) for c in out.strip().splitlines()]
+    assert [Path(d.split("=", 1)[1]).relative_to(tmp_path).parts[0] for d in dirs] == [
+        "chain_sum", "chain_sum", "basic_arithmetic", "basic_arithmetic"]
+    assert [line.split(":")[0] for line in err.strip().splitlines()] == [
+        "cero on chain_sum", "cero on basic_arithmetic", "in all"]
+
+
 @pytest.mark.parametrize("method, why", [
     ("arena", "arena's recipe arena is not the arith task scored by its own verifier"),  # a reward of its own
     ("saw", "saw's recipe saw is not the arith task"),  # reweights reward components the task's verifier lacks
